@@ -1,0 +1,482 @@
+/*
+ * kvpage — paged KV cache and decode attention, C ABI.
+ *
+ * One header, plain C99. Everything the library exports starts with kvp_ /
+ * KVP_. Conventions (the same for every entry):
+ *
+ *  - A call that can fail returns a kvp_error*: NULL means success, anything
+ *    else is an error object the caller owns and releases with
+ *    kvp_error_free(). Its code (kvp_error_code()) is stable across
+ *    releases; its message names the bad argument and its value. A failed
+ *    call leaves its out-parameters and the cache unchanged.
+ *  - Structs passed by pointer begin with `size_t struct_size`; fill them
+ *    with the matching kvp_*_init() first. The library accepts any
+ *    struct_size at least as large as the first released version of the
+ *    struct and treats fields beyond struct_size as their defaults.
+ *  - Handles are opaque, typed, and created by kvp_X_create(..., kvp_X**)
+ *    and released by kvp_X_destroy(), which accepts NULL.
+ *  - Nothing aborts, exits, prints, or throws across this boundary.
+ *
+ * Thread safety:
+ *  - kvp_cache: sequence operations (kvp_seq_*, kvp_cache_export_block_table,
+ *    kvp_cache_num_free_blocks) may be called from several threads at once;
+ *    they are serialized internally. Writes, decodes and block copies may be
+ *    issued from several threads too; on the CUDA backend they are ordered
+ *    by the stream the caller passes, on the CPU backend they run at once
+ *    and the caller must not write and read the same blocks concurrently.
+ *    kvp_cache_destroy() must not race with any other call on the cache.
+ *  - kvp_decoder: kvp_decode() on one decoder must not run concurrently
+ *    from two threads when the decoder owns its workspace (the workspace
+ *    would be shared); use one decoder per thread or stream.
+ *  - kvp_error objects are plain values, safe to hand between threads.
+ */
+#ifndef KVPAGE_KVPAGE_H_
+#define KVPAGE_KVPAGE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define KVP_EXPORT
+#elif defined(__GNUC__)
+#define KVP_EXPORT __attribute__((visibility("default")))
+#else
+#define KVP_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Versions                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Package version (semantic versioning of the project). */
+#define KVP_VERSION_MAJOR 0
+#define KVP_VERSION_MINOR 1
+#define KVP_VERSION_PATCH 0
+#define KVP_VERSION_STRING "0.1.0"
+
+/* ABI version. Major: something removed or reordered (never, within a
+ * major). Minor: entries appended to the function table or fields appended
+ * to a struct. */
+#define KVP_ABI_MAJOR 1
+#define KVP_ABI_MINOR 0
+
+/* "0.1.0": the package version of the loaded library. */
+KVP_EXPORT const char* kvp_version_string(void);
+/* The ABI version of the loaded library. */
+KVP_EXPORT void kvp_abi_version(uint32_t* major, uint32_t* minor);
+/* What this build holds: backends, CUDA architectures, KV dtypes, head sizes,
+ * block sizes; one line of "key=value" pairs separated by "; ". */
+KVP_EXPORT const char* kvp_build_info(void);
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Stable codes: never renumbered, only appended. */
+typedef enum kvp_error_code_t {
+  KVP_OK = 0,
+  KVP_ERR_INVALID_ARGUMENT = 1, /* a NULL, out-of-range or inconsistent arg */
+  KVP_ERR_OUT_OF_BLOCKS = 2,    /* the cache has too few free blocks */
+  KVP_ERR_OUT_OF_MEMORY = 3,    /* host or device allocation failed */
+  KVP_ERR_UNSUPPORTED = 4,      /* valid request this build cannot serve */
+  KVP_ERR_DEVICE = 5,           /* the CUDA runtime reported an error */
+  KVP_ERR_INTERNAL = 6          /* a bug in kvpage: please report it */
+} kvp_error_code_t;
+
+typedef struct kvp_error kvp_error;
+
+/* The code of an error; KVP_OK for NULL. */
+KVP_EXPORT int32_t kvp_error_code(const kvp_error* error);
+/* The message of an error, valid until kvp_error_free(); "" for NULL. */
+KVP_EXPORT const char* kvp_error_message(const kvp_error* error);
+/* Releases an error; accepts NULL. */
+KVP_EXPORT void kvp_error_free(kvp_error* error);
+/* "INVALID_ARGUMENT" etc.; "UNKNOWN" for codes this build does not know. */
+KVP_EXPORT const char* kvp_error_code_name(int32_t code);
+
+/* ------------------------------------------------------------------------ */
+/* Data types and devices                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef enum kvp_dtype_t {
+  KVP_DTYPE_FP32 = 0,     /* inputs, queries and outputs only */
+  KVP_DTYPE_FP16 = 1,
+  KVP_DTYPE_BF16 = 2,
+  KVP_DTYPE_FP8_E4M3 = 3, /* KV cache only: symmetric, FP16 scale per token-head */
+  KVP_DTYPE_INT8 = 4,     /* KV cache only: symmetric, FP16 scale per token-head */
+  KVP_DTYPE_INT4 = 5      /* KV cache only: asymmetric, FP16 scale + FP16 min */
+} kvp_dtype_t;
+
+typedef enum kvp_device_kind_t {
+  KVP_DEVICE_CPU = 0,
+  KVP_DEVICE_CUDA = 1
+} kvp_device_kind_t;
+
+/* Number of devices of a kind this build can use: 1 for the CPU, the CUDA
+ * device count for CUDA (0 when the build has no CUDA backend or no GPU is
+ * present; that is not an error). */
+KVP_EXPORT kvp_error* kvp_device_count(int32_t device_kind, int32_t* count);
+
+/* ------------------------------------------------------------------------ */
+/* Cache                                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvp_cache kvp_cache;
+
+/* Engine-provided memory for the cache (optional). alloc returns NULL on
+ * failure; the cache then fails with KVP_ERR_OUT_OF_MEMORY. Memory must be
+ * host memory for KVP_DEVICE_CPU and device memory of `device_ordinal` for
+ * KVP_DEVICE_CUDA, aligned to at least `alignment` bytes. */
+typedef struct kvp_allocator {
+  size_t struct_size;
+  void* user_data;
+  void* (*alloc)(void* user_data, size_t bytes, size_t alignment,
+                 int32_t device_kind, int32_t device_ordinal);
+  void (*free)(void* user_data, void* ptr, size_t bytes, int32_t device_kind,
+               int32_t device_ordinal);
+} kvp_allocator;
+
+KVP_EXPORT void kvp_allocator_init(kvp_allocator* allocator);
+
+typedef struct kvp_cache_config {
+  size_t struct_size;
+  int32_t device_kind;    /* kvp_device_kind_t; default KVP_DEVICE_CPU */
+  int32_t device_ordinal; /* CUDA device; default 0 */
+  int32_t num_layers;     /* >= 1; default 1 */
+  int32_t num_blocks;     /* >= 1; default 0 (must be set) */
+  int32_t block_size;     /* tokens per block: 8, 16 or 32; default 16 */
+  int32_t num_kv_heads;   /* >= 1; default 0 (must be set) */
+  int32_t head_size;      /* 64, 80, 96, 112, 128 or 256; default 128 */
+  int32_t k_dtype;        /* FP16, BF16, FP8_E4M3, INT8, INT4; default BF16 */
+  int32_t v_dtype;        /* same set as k_dtype; default BF16 */
+  int32_t reserved0;      /* must be 0 */
+  /* Optional per-channel key smoothing (SmoothAttention): NULL, or host
+   * memory holding num_kv_heads * head_size positive finite floats. The
+   * write stores K / lambda, the decode multiplies q by lambda. Copied at
+   * creation. */
+  const float* key_smoothing;
+  /* Optional engine allocator; NULL means the library allocates. Copied at
+   * creation; the functions must stay callable until the cache is
+   * destroyed. */
+  const kvp_allocator* allocator;
+} kvp_cache_config;
+
+KVP_EXPORT void kvp_cache_config_init(kvp_cache_config* config);
+
+KVP_EXPORT kvp_error* kvp_cache_create(const kvp_cache_config* config,
+                                       kvp_cache** cache);
+KVP_EXPORT void kvp_cache_destroy(kvp_cache* cache);
+
+/* Where one layer of the cache lives, for engines that read or write it
+ * themselves. All pointers are in the cache's device memory space. Byte
+ * offsets of element (block b, head h, ...):
+ *   K data  (16-byte chunks of k_x elements; INT4: two per byte, low nibble
+ *            first):  b*k_block_stride + h*k_head_stride
+ *                     + c*k_chunk_stride + t*16 + byte-in-chunk
+ *            for chunk c = d / k_x of channel d and token t in the block.
+ *   V data  (INT4: two tokens per byte, even token in the low nibble):
+ *            b*v_block_stride + h*v_head_stride + d*v_channel_stride
+ *            + (t * v_bits / 8)
+ *   scales  (FP16; INT4 holds {scale, min} pairs): b*scale_block_stride
+ *            + h*scale_head_stride + t*scale_entry_bytes
+ * Scale pointers are NULL and their strides 0 for FP16/BF16 data. */
+typedef struct kvp_layer_layout {
+  size_t struct_size;
+  void* k_data;
+  void* v_data;
+  void* k_scales;
+  void* v_scales;
+  int64_t k_block_stride;   /* bytes */
+  int64_t k_head_stride;    /* bytes */
+  int64_t k_chunk_stride;   /* bytes: one chunk = block_size * 16 bytes */
+  int32_t k_x;              /* elements per 16-byte chunk: 8, 16 or 32 */
+  int32_t k_chunks;         /* ceil(head_size / k_x); tail elements are 0 */
+  int64_t v_block_stride;   /* bytes */
+  int64_t v_head_stride;    /* bytes */
+  int64_t v_channel_stride; /* bytes: block_size * v_bits / 8 */
+  int32_t k_bits;           /* bits per K element: 16, 8 or 4 */
+  int32_t v_bits;           /* bits per V element: 16, 8 or 4 */
+  int64_t k_scale_block_stride; /* bytes */
+  int64_t k_scale_head_stride;  /* bytes */
+  int64_t v_scale_block_stride; /* bytes */
+  int64_t v_scale_head_stride;  /* bytes */
+  int32_t k_scale_entry_bytes;  /* 0, 2 (scale) or 4 ({scale, min}) */
+  int32_t v_scale_entry_bytes;
+  int64_t k_data_bytes;     /* size of the whole layer's K data */
+  int64_t v_data_bytes;
+  int64_t k_scale_bytes;
+  int64_t v_scale_bytes;
+} kvp_layer_layout;
+
+KVP_EXPORT void kvp_layer_layout_init(kvp_layer_layout* layout);
+KVP_EXPORT kvp_error* kvp_cache_get_layout(const kvp_cache* cache,
+                                           int32_t layer,
+                                           kvp_layer_layout* layout);
+
+/* Sizes of the cache as a whole. */
+typedef struct kvp_cache_info {
+  size_t struct_size;
+  int32_t device_kind;
+  int32_t device_ordinal;
+  int32_t num_layers;
+  int32_t num_blocks;
+  int32_t block_size;
+  int32_t num_kv_heads;
+  int32_t head_size;
+  int32_t k_dtype;
+  int32_t v_dtype;
+  int32_t has_key_smoothing;
+  /* Bytes one token occupies in one layer, K + V + their scales, all KV
+   * heads (what a decode reads per token per layer). */
+  int64_t bytes_per_token_per_layer;
+  int64_t total_bytes; /* everything the cache allocated */
+} kvp_cache_info;
+
+KVP_EXPORT void kvp_cache_info_init(kvp_cache_info* info);
+KVP_EXPORT kvp_error* kvp_cache_get_info(const kvp_cache* cache,
+                                         kvp_cache_info* info);
+
+/* ------------------------------------------------------------------------ */
+/* Sequences and block tables (optional: engines with their own block       */
+/* manager pass their own tables and slot mappings to the operations)       */
+/* ------------------------------------------------------------------------ */
+
+/* Creates an empty sequence; ids are assigned by the cache, never reused. */
+KVP_EXPORT kvp_error* kvp_seq_create(kvp_cache* cache, int64_t* seq_id);
+/* Creates a sequence that shares every block of `parent` (prefix sharing);
+ * the first append to a shared, partly filled last block copies it first. */
+KVP_EXPORT kvp_error* kvp_seq_fork(kvp_cache* cache, int64_t parent,
+                                   int64_t* child);
+/* Appends num_tokens tokens, allocating blocks as needed, and writes their
+ * slots (block * block_size + offset) into slots[0..num_tokens) (host
+ * memory; may be NULL). A copy-on-write of the last block is performed on
+ * `stream` (ignored on the CPU backend) before the call returns. Too few
+ * free blocks: KVP_ERR_OUT_OF_BLOCKS and nothing changes. */
+KVP_EXPORT kvp_error* kvp_seq_append(kvp_cache* cache, int64_t seq_id,
+                                     int32_t num_tokens, int64_t* slots,
+                                     void* stream);
+/* Shortens a sequence to `length` tokens (<= its length), releasing blocks
+ * it no longer needs (rejected speculative tokens). */
+KVP_EXPORT kvp_error* kvp_seq_truncate(kvp_cache* cache, int64_t seq_id,
+                                       int32_t length);
+/* Releases the sequence and its references to blocks. */
+KVP_EXPORT kvp_error* kvp_seq_free(kvp_cache* cache, int64_t seq_id);
+KVP_EXPORT kvp_error* kvp_seq_length(const kvp_cache* cache, int64_t seq_id,
+                                     int32_t* length);
+KVP_EXPORT kvp_error* kvp_cache_num_free_blocks(const kvp_cache* cache,
+                                                int32_t* num_free);
+
+/* Writes a batch's dense block table into caller host memory:
+ * table[i * row_stride + j] = j-th block of seq_ids[i] for
+ * j < max_blocks_per_seq (entries past the sequence's blocks are 0), and
+ * seq_lens[i] = its length (seq_lens may be NULL). A sequence with more
+ * than max_blocks_per_seq blocks is KVP_ERR_INVALID_ARGUMENT. */
+KVP_EXPORT kvp_error* kvp_cache_export_block_table(
+    const kvp_cache* cache, const int64_t* seq_ids, int32_t num_seqs,
+    int32_t max_blocks_per_seq, int64_t row_stride, int32_t* table,
+    int32_t* seq_lens);
+
+/* ------------------------------------------------------------------------ */
+/* Writing tokens                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* key[t * key_token_stride + h * head_size + d] (same for value), in
+ * input_dtype (FP32, FP16 or BF16), for t < num_tokens: token t goes to slot
+ * slot_mapping[t] (int64, vLLM's convention; -1 skips the token). Pointers
+ * are in the cache's memory space. Quantized dtypes get one scale per token
+ * and KV head. Non-finite inputs are stored as 0 and counted; values beyond
+ * the format's range saturate and are counted (kvp_cache_get_write_stats). */
+typedef struct kvp_write_args {
+  size_t struct_size;
+  int32_t layer;
+  int32_t num_tokens;
+  int32_t input_dtype;       /* default KVP_DTYPE_BF16 */
+  int32_t reserved0;         /* must be 0 */
+  const void* key;
+  const void* value;
+  int64_t key_token_stride;  /* elements; 0 = num_kv_heads * head_size */
+  int64_t value_token_stride;
+  const int64_t* slot_mapping;
+} kvp_write_args;
+
+KVP_EXPORT void kvp_write_args_init(kvp_write_args* args);
+KVP_EXPORT kvp_error* kvp_cache_write(kvp_cache* cache,
+                                      const kvp_write_args* args,
+                                      void* stream);
+
+/* Counters the writes keep (on the device for CUDA caches), over all layers
+ * since creation or the last reset. Reading synchronizes with the cache's
+ * device. */
+typedef struct kvp_write_stats {
+  size_t struct_size;
+  uint64_t non_finite; /* NaN / +-Inf input values (stored as 0) */
+  uint64_t saturated;  /* finite values clipped to the format's range */
+} kvp_write_stats;
+
+KVP_EXPORT void kvp_write_stats_init(kvp_write_stats* stats);
+KVP_EXPORT kvp_error* kvp_cache_get_write_stats(const kvp_cache* cache,
+                                                kvp_write_stats* stats);
+KVP_EXPORT kvp_error* kvp_cache_reset_write_stats(kvp_cache* cache);
+
+/* ------------------------------------------------------------------------ */
+/* Block copies                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* For each i < num_pairs, copies block pairs[2i] to block pairs[2i+1] in
+ * every layer, data and scales together. `pairs` is in the cache's memory
+ * space. Destinations must be distinct and not also sources. */
+KVP_EXPORT kvp_error* kvp_cache_copy_blocks(kvp_cache* cache,
+                                            const int32_t* pairs,
+                                            int32_t num_pairs, void* stream);
+/* Same, from block pairs[2i] of `src` to block pairs[2i+1] of `dst`: two
+ * caches of the same geometry and dtypes (e.g. a GPU cache and its CPU swap
+ * space). `pairs` is host memory. */
+KVP_EXPORT kvp_error* kvp_cache_transfer_blocks(kvp_cache* dst,
+                                                const kvp_cache* src,
+                                                const int32_t* pairs,
+                                                int32_t num_pairs,
+                                                void* stream);
+
+/* ------------------------------------------------------------------------ */
+/* Decode attention                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* For sequence s, query token i < query_len and query head h:
+ *   p   = seq_lens[s] - query_len + i          (the query's position)
+ *   l_j = sm_scale * (q . k_j)                 for tokens j <= p
+ *   l_j = cap * tanh(l_j / cap)                if logits_soft_cap > 0
+ *   l_j += alibi_slopes[h] * (j - p)           if alibi_slopes
+ *   tokens with j <= p - sliding_window are masked if sliding_window > 0
+ *   out = sum_j softmax(l)_j * v_j,  lse = log(sum_j exp(l_j))
+ * over the tokens named by row s of the block table, K/V head
+ * h / (num_query_heads / num_kv_heads). A query with no visible token
+ * (seq_lens[s] == 0, e.g. a padding row) outputs zeros and lse = -inf.
+ *
+ * The decoder fixes the capacities a launch is shaped by, so one CUDA graph
+ * captured once serves every batch within them: lengths and tables are read
+ * from memory when the kernels run. */
+typedef struct kvp_decoder kvp_decoder;
+
+typedef struct kvp_decode_config {
+  size_t struct_size;
+  int32_t num_query_heads; /* multiple of num_kv_heads; default 0 (set it) */
+  int32_t max_num_seqs;    /* default 0 (set it) */
+  int32_t max_context_len; /* tokens; default 0 (set it) */
+  int32_t max_query_len;   /* query tokens per sequence; default 1 */
+  int32_t q_dtype;         /* FP32, FP16 or BF16; default BF16 */
+  int32_t out_dtype;       /* FP32, FP16 or BF16; default BF16 */
+  /* Optional caller-owned workspace of at least kvp_decode_workspace_size()
+   * bytes in the cache's memory space, 256-byte aligned; NULL = owned by the
+   * decoder. */
+  void* workspace;
+  uint64_t workspace_bytes;
+} kvp_decode_config;
+
+KVP_EXPORT void kvp_decode_config_init(kvp_decode_config* config);
+KVP_EXPORT kvp_error* kvp_decode_workspace_size(const kvp_cache* cache,
+                                                const kvp_decode_config* config,
+                                                uint64_t* bytes);
+KVP_EXPORT kvp_error* kvp_decoder_create(const kvp_cache* cache,
+                                         const kvp_decode_config* config,
+                                         kvp_decoder** decoder);
+KVP_EXPORT void kvp_decoder_destroy(kvp_decoder* decoder);
+
+typedef struct kvp_decode_args {
+  size_t struct_size;
+  int32_t layer;
+  int32_t num_seqs;   /* <= max_num_seqs */
+  int32_t query_len;  /* 1..max_query_len; default 1 */
+  int32_t sliding_window; /* tokens attended per query, 0 = all; default 0 */
+  float sm_scale;         /* 0 = 1/sqrt(head_size); default 0 */
+  float logits_soft_cap;  /* 0 = off; default 0 */
+  /* q[(s * query_len + i) * q_token_stride + h * head_size + d] */
+  const void* q;
+  int64_t q_token_stride;   /* elements; 0 = num_query_heads * head_size */
+  /* block_table[s * block_table_stride + j], int32, j < block_table_width */
+  const int32_t* block_table;
+  int64_t block_table_stride; /* elements; 0 = block_table_width */
+  int32_t block_table_width;
+  int32_t reserved0;          /* must be 0 */
+  const int32_t* seq_lens;    /* [num_seqs], <= max_context_len */
+  const float* alibi_slopes;  /* [num_query_heads] or NULL */
+  /* out[(s * query_len + i) * out_token_stride + h * head_size + d] */
+  void* out;
+  int64_t out_token_stride; /* elements; 0 = num_query_heads * head_size */
+  float* lse;  /* [num_seqs][query_len][num_query_heads] FP32, or NULL */
+} kvp_decode_args;
+
+KVP_EXPORT void kvp_decode_args_init(kvp_decode_args* args);
+/* Launches on `stream` (a cudaStream_t; NULL = the default stream) without
+ * allocating or synchronizing; runs at once on the CPU backend. */
+KVP_EXPORT kvp_error* kvp_decode(kvp_decoder* decoder,
+                                 const kvp_decode_args* args, void* stream);
+
+/* ------------------------------------------------------------------------ */
+/* Function table for dlopen users: resolve kvp_get_api alone.               */
+/* ------------------------------------------------------------------------ */
+
+/* Append-only: fields are never removed or reordered within an ABI major. */
+typedef struct kvp_api {
+  size_t struct_size; /* sizeof the table the library was built with */
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  const char* (*version_string)(void);
+  void (*abi_version)(uint32_t*, uint32_t*);
+  const char* (*build_info)(void);
+  int32_t (*error_code)(const kvp_error*);
+  const char* (*error_message)(const kvp_error*);
+  void (*error_free)(kvp_error*);
+  const char* (*error_code_name)(int32_t);
+  kvp_error* (*device_count)(int32_t, int32_t*);
+  void (*allocator_init)(kvp_allocator*);
+  void (*cache_config_init)(kvp_cache_config*);
+  kvp_error* (*cache_create)(const kvp_cache_config*, kvp_cache**);
+  void (*cache_destroy)(kvp_cache*);
+  void (*layer_layout_init)(kvp_layer_layout*);
+  kvp_error* (*cache_get_layout)(const kvp_cache*, int32_t, kvp_layer_layout*);
+  void (*cache_info_init)(kvp_cache_info*);
+  kvp_error* (*cache_get_info)(const kvp_cache*, kvp_cache_info*);
+  kvp_error* (*seq_create)(kvp_cache*, int64_t*);
+  kvp_error* (*seq_fork)(kvp_cache*, int64_t, int64_t*);
+  kvp_error* (*seq_append)(kvp_cache*, int64_t, int32_t, int64_t*, void*);
+  kvp_error* (*seq_truncate)(kvp_cache*, int64_t, int32_t);
+  kvp_error* (*seq_free)(kvp_cache*, int64_t);
+  kvp_error* (*seq_length)(const kvp_cache*, int64_t, int32_t*);
+  kvp_error* (*cache_num_free_blocks)(const kvp_cache*, int32_t*);
+  kvp_error* (*cache_export_block_table)(const kvp_cache*, const int64_t*,
+                                         int32_t, int32_t, int64_t, int32_t*,
+                                         int32_t*);
+  void (*write_args_init)(kvp_write_args*);
+  kvp_error* (*cache_write)(kvp_cache*, const kvp_write_args*, void*);
+  void (*write_stats_init)(kvp_write_stats*);
+  kvp_error* (*cache_get_write_stats)(const kvp_cache*, kvp_write_stats*);
+  kvp_error* (*cache_reset_write_stats)(kvp_cache*);
+  kvp_error* (*cache_copy_blocks)(kvp_cache*, const int32_t*, int32_t, void*);
+  kvp_error* (*cache_transfer_blocks)(kvp_cache*, const kvp_cache*,
+                                      const int32_t*, int32_t, void*);
+  void (*decode_config_init)(kvp_decode_config*);
+  kvp_error* (*decode_workspace_size)(const kvp_cache*,
+                                      const kvp_decode_config*, uint64_t*);
+  kvp_error* (*decoder_create)(const kvp_cache*, const kvp_decode_config*,
+                               kvp_decoder**);
+  void (*decoder_destroy)(kvp_decoder*);
+  void (*decode_args_init)(kvp_decode_args*);
+  kvp_error* (*decode)(kvp_decoder*, const kvp_decode_args*, void*);
+} kvp_api;
+
+/* The function table of ABI major `abi_major`, or NULL if this library does
+ * not provide it. Check table->abi_minor (or struct_size) before using
+ * entries appended in later minors. */
+KVP_EXPORT const kvp_api* kvp_get_api(uint32_t abi_major);
+
+typedef const kvp_api* (*kvp_get_api_fn)(uint32_t abi_major);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVPAGE_KVPAGE_H_ */

@@ -1,0 +1,77 @@
+// The backend interface: where a cache's memory lives and how its
+// operations run. One implementation per device kind (CPU, CUDA); the
+// cache and the C API above it never branch on the device kind.
+#ifndef KVPAGE_SRC_BACKEND_H_
+#define KVPAGE_SRC_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/geometry.h"
+#include "src/params.h"
+
+namespace kvpage {
+
+enum class DeviceKind : int32_t { kCpu = 0, kCuda = 1 };
+
+// Engine-provided memory (mirrors kvp_allocator; null functions = none).
+struct Allocator {
+  void* user_data = nullptr;
+  void* (*alloc)(void* user_data, size_t bytes, size_t alignment,
+                 int32_t device_kind, int32_t device_ordinal) = nullptr;
+  void (*free)(void* user_data, void* ptr, size_t bytes, int32_t device_kind,
+               int32_t device_ordinal) = nullptr;
+};
+
+// Decoder capacities: everything a launch shape may depend on.
+struct DecodeCapacity {
+  int32_t num_q_heads = 0;
+  int32_t max_num_seqs = 0;
+  int32_t max_context_len = 0;
+  int32_t max_query_len = 1;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceKind kind() const = 0;
+  virtual int32_t ordinal() const = 0;
+
+  // Memory in this backend's space (used when the engine gave no
+  // allocator), and the host <-> backend transfers the cache needs.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual absl::Status Memset(void* ptr, int value, size_t bytes) = 0;
+  virtual absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+
+  // Quantize and scatter tokens (WriteParams); slots out of range are an
+  // error where the backend can see them before writing anything.
+  virtual absl::Status Write(const WriteParams& params, void* stream) = 0;
+
+  virtual size_t DecodeWorkspaceBytes(const CacheGeometry& geo,
+                                      const DecodeCapacity& cap) const = 0;
+  virtual absl::Status Decode(const DecodeParams& params,
+                              const DecodeCapacity& cap, void* workspace,
+                              void* stream) = 0;
+
+  // Copies blocks pairs[2i] -> pairs[2i+1] of every layer (data and scales)
+  // of the cache at `base`; `pairs` is in this backend's memory space.
+  virtual absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base,
+                                  const int32_t* pairs, int32_t num_pairs,
+                                  void* stream) = 0;
+};
+
+std::unique_ptr<Backend> MakeCpuBackend();
+// Null status value when this build has no CUDA backend.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal);
+// Number of CUDA devices (0 without CUDA support or GPUs).
+int32_t CudaDeviceCount();
+
+}  // namespace kvpage
+
+#endif  // KVPAGE_SRC_BACKEND_H_

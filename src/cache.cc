@@ -1,0 +1,327 @@
+#include "src/cache.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "src/status.h"
+
+namespace kvpage {
+
+bool IsCacheDtype(DType t) {
+  return t == DType::kFP16 || t == DType::kBF16 || t == DType::kFP8E4M3 ||
+         t == DType::kINT8 || t == DType::kINT4;
+}
+
+bool IsActivationDtype(DType t) {
+  return t == DType::kFP32 || t == DType::kFP16 || t == DType::kBF16;
+}
+
+absl::Status ValidateGeometry(const CacheGeometry& g) {
+  if (g.num_layers < 1) {
+    return InvalidArgument(absl::StrFormat("config->num_layers = %d, must be >= 1", g.num_layers));
+  }
+  if (g.num_blocks < 1) {
+    return InvalidArgument(absl::StrFormat("config->num_blocks = %d, must be >= 1", g.num_blocks));
+  }
+  if (g.block_size != 8 && g.block_size != 16 && g.block_size != 32) {
+    return InvalidArgument(
+        absl::StrFormat("config->block_size = %d, must be 8, 16 or 32", g.block_size));
+  }
+  if (g.num_kv_heads < 1) {
+    return InvalidArgument(
+        absl::StrFormat("config->num_kv_heads = %d, must be >= 1", g.num_kv_heads));
+  }
+  switch (g.head_size) {
+    case 64: case 80: case 96: case 112: case 128: case 256: break;
+    default:
+      return InvalidArgument(absl::StrFormat(
+          "config->head_size = %d, must be 64, 80, 96, 112, 128 or 256", g.head_size));
+  }
+  if (!IsCacheDtype(g.k_dtype)) {
+    return InvalidArgument(absl::StrFormat(
+        "config->k_dtype = %d, must be FP16 (1), BF16 (2), FP8_E4M3 (3), INT8 (4) or INT4 (5)",
+        static_cast<int>(g.k_dtype)));
+  }
+  if (!IsCacheDtype(g.v_dtype)) {
+    return InvalidArgument(absl::StrFormat(
+        "config->v_dtype = %d, must be FP16 (1), BF16 (2), FP8_E4M3 (3), INT8 (4) or INT4 (5)",
+        static_cast<int>(g.v_dtype)));
+  }
+  // Slots (block * block_size + offset) and table entries are int32 inside
+  // the kernels; a layer must stay addressable with int64 offsets.
+  if (int64_t{g.num_blocks} * g.block_size > INT32_MAX) {
+    return InvalidArgument(absl::StrFormat(
+        "config->num_blocks = %d: num_blocks * block_size must be < 2^31", g.num_blocks));
+  }
+  // Every byte count of the geometry is int64: bound the whole cache
+  // (128-bit arithmetic cannot overflow for int32 fields) before any of
+  // them is computed.
+  const __int128 per_token_head = int64_t{g.head_size} * 2 * 2 + 8 + 32;  // >= K+V+scales+tail
+  const __int128 total = static_cast<__int128>(g.num_layers) * g.num_blocks * g.block_size *
+                             g.num_kv_heads * per_token_head +
+                         static_cast<__int128>(g.num_layers) * 4 * kRegionAlignment;
+  constexpr __int128 kMaxCacheBytes = static_cast<__int128>(1) << 56;  // 64 PiB
+  if (total > kMaxCacheBytes) {
+    return InvalidArgument(absl::StrFormat(
+        "config describes a cache of more than 2^56 bytes (num_layers %d x num_blocks %d x "
+        "block_size %d x num_kv_heads %d x head_size %d)",
+        g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs,
+                                int32_t src_blocks, int32_t dst_blocks,
+                                bool same_cache) {
+  absl::flat_hash_set<int32_t> dsts;
+  for (int32_t i = 0; i < num_pairs; ++i) {
+    const int32_t src = pairs[2 * i], dst = pairs[2 * i + 1];
+    if (src < 0 || src >= src_blocks) {
+      return InvalidArgument(absl::StrFormat(
+          "pairs[%d] (source of pair %d) = %d is out of range [0, %d)", 2 * i, i, src, src_blocks));
+    }
+    if (dst < 0 || dst >= dst_blocks) {
+      return InvalidArgument(absl::StrFormat(
+          "pairs[%d] (destination of pair %d) = %d is out of range [0, %d)", 2 * i + 1, i, dst,
+          dst_blocks));
+    }
+    if (!dsts.insert(dst).second) {
+      return InvalidArgument(absl::StrFormat(
+          "pairs[%d] = %d: block %d is the destination of two pairs", 2 * i + 1, dst, dst));
+    }
+  }
+  if (same_cache) {
+    for (int32_t i = 0; i < num_pairs; ++i) {
+      if (dsts.contains(pairs[2 * i])) {
+        return InvalidArgument(absl::StrFormat(
+            "pairs[%d] = %d: block %d is both a source and a destination", 2 * i,
+            pairs[2 * i], pairs[2 * i]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+Cache::Cache(CacheOptions options, std::unique_ptr<Backend> backend)
+    : geo_(options.geometry),
+      allocator_(options.allocator),
+      backend_(std::move(backend)),
+      blocks_(options.geometry.num_blocks, options.geometry.block_size) {}
+
+absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(CacheOptions options) {
+  KVP_RETURN_IF_ERROR(ValidateGeometry(options.geometry));
+  const CacheGeometry& g = options.geometry;
+  if (!options.key_smoothing.empty()) {
+    const size_t want = static_cast<size_t>(g.num_kv_heads) * g.head_size;
+    if (options.key_smoothing.size() != want) {
+      return Internal("key smoothing vector of the wrong size");
+    }
+    for (size_t i = 0; i < want; ++i) {
+      const float l = options.key_smoothing[i];
+      if (!(std::isfinite(l) && l > 0)) {
+        return InvalidArgument(absl::StrFormat(
+            "config->key_smoothing[%d] = %g, must be positive and finite", i, l));
+      }
+    }
+  }
+  if ((options.allocator.alloc == nullptr) != (options.allocator.free == nullptr)) {
+    return InvalidArgument("config->allocator must set both alloc and free, or neither");
+  }
+
+  std::unique_ptr<Backend> backend;
+  if (options.device_kind == DeviceKind::kCpu) {
+    backend = MakeCpuBackend();
+  } else {
+    KVP_ASSIGN_OR_RETURN(backend, MakeCudaBackend(options.device_ordinal));
+  }
+  std::vector<float> smoothing = std::move(options.key_smoothing);
+  std::unique_ptr<Cache> cache(new Cache(std::move(options), std::move(backend)));
+
+  // One allocation: the layers, then the smoothing vector, then counters.
+  const int64_t smoothing_offset = g.total_bytes();
+  const int64_t counters_offset = AlignUp(
+      smoothing_offset + static_cast<int64_t>(smoothing.size() * sizeof(float)), kRegionAlignment);
+  const size_t bytes = static_cast<size_t>(counters_offset + sizeof(WriteCounters));
+  void* mem = nullptr;
+  if (cache->allocator_.alloc != nullptr) {
+    mem = cache->allocator_.alloc(cache->allocator_.user_data, bytes, kRegionAlignment,
+                                  static_cast<int32_t>(cache->device_kind()),
+                                  cache->device_ordinal());
+    if (mem == nullptr) {
+      return OutOfMemory(absl::StrFormat(
+          "the engine allocator returned NULL for %d bytes", bytes));
+    }
+    if (reinterpret_cast<uintptr_t>(mem) % kRegionAlignment != 0) {
+      cache->allocator_.free(cache->allocator_.user_data, mem, bytes,
+                             static_cast<int32_t>(cache->device_kind()), cache->device_ordinal());
+      return InvalidArgument(absl::StrFormat(
+          "the engine allocator returned %p, not aligned to %d bytes", mem, kRegionAlignment));
+    }
+  } else {
+    KVP_ASSIGN_OR_RETURN(mem, cache->backend_->Allocate(bytes));
+  }
+  cache->base_ = static_cast<uint8_t*>(mem);
+  cache->bytes_ = bytes;
+  // Zeroed, so that slots never written decode to zeros, not garbage.
+  KVP_RETURN_IF_ERROR(cache->backend_->Memset(mem, 0, bytes));
+  if (!smoothing.empty()) {
+    KVP_RETURN_IF_ERROR(cache->backend_->CopyFromHost(cache->base_ + smoothing_offset,
+                                                      smoothing.data(),
+                                                      smoothing.size() * sizeof(float)));
+    cache->smoothing_ = reinterpret_cast<const float*>(cache->base_ + smoothing_offset);
+  }
+  cache->counters_ = reinterpret_cast<WriteCounters*>(cache->base_ + counters_offset);
+  return cache;
+}
+
+Cache::~Cache() {
+  if (base_ == nullptr) return;
+  if (allocator_.free != nullptr) {
+    allocator_.free(allocator_.user_data, base_, bytes_, static_cast<int32_t>(device_kind()),
+                    device_ordinal());
+  } else {
+    backend_->Free(base_);
+  }
+}
+
+absl::Status Cache::Write(const WriteRequest& r, void* stream) {
+  if (r.layer < 0 || r.layer >= geo_.num_layers) {
+    return InvalidArgument(absl::StrFormat("args->layer = %d is out of range [0, %d)", r.layer,
+                                           geo_.num_layers));
+  }
+  if (r.num_tokens < 0) {
+    return InvalidArgument(absl::StrFormat("args->num_tokens = %d, must be >= 0", r.num_tokens));
+  }
+  if (!IsActivationDtype(r.input_dtype)) {
+    return InvalidArgument(absl::StrFormat(
+        "args->input_dtype = %d, must be FP32 (0), FP16 (1) or BF16 (2)",
+        static_cast<int>(r.input_dtype)));
+  }
+  const int64_t dense = int64_t{geo_.num_kv_heads} * geo_.head_size;
+  WriteParams p{};
+  p.key_stride = r.key_stride == 0 ? dense : r.key_stride;
+  p.value_stride = r.value_stride == 0 ? dense : r.value_stride;
+  if (p.key_stride < dense) {
+    return InvalidArgument(absl::StrFormat(
+        "args->key_token_stride = %d, must be 0 or >= num_kv_heads * head_size = %d",
+        r.key_stride, dense));
+  }
+  if (p.value_stride < dense) {
+    return InvalidArgument(absl::StrFormat(
+        "args->value_token_stride = %d, must be 0 or >= num_kv_heads * head_size = %d",
+        r.value_stride, dense));
+  }
+  if (r.num_tokens == 0) return absl::OkStatus();
+  if (r.key == nullptr || r.value == nullptr || r.slot_mapping == nullptr) {
+    return InvalidArgument(absl::StrFormat(
+        "args->%s is NULL with num_tokens = %d",
+        r.key == nullptr ? "key" : r.value == nullptr ? "value" : "slot_mapping", r.num_tokens));
+  }
+  p.geo = geo_;
+  p.layer = layer(r.layer);
+  p.input_dtype = r.input_dtype;
+  p.num_tokens = r.num_tokens;
+  p.key = r.key;
+  p.value = r.value;
+  p.slot_mapping = r.slot_mapping;
+  p.key_smoothing = smoothing_;
+  p.counters = counters_;
+  return backend_->Write(p, stream);
+}
+
+absl::Status Cache::CopyBlocks(const int32_t* pairs, int32_t num_pairs, void* stream) {
+  if (num_pairs < 0) {
+    return InvalidArgument(absl::StrFormat("num_pairs = %d, must be >= 0", num_pairs));
+  }
+  if (num_pairs == 0) return absl::OkStatus();
+  if (pairs == nullptr) {
+    return InvalidArgument(absl::StrFormat("pairs is NULL with num_pairs = %d", num_pairs));
+  }
+  if (device_kind() == DeviceKind::kCpu) {
+    KVP_RETURN_IF_ERROR(
+        ValidateBlockPairs(pairs, num_pairs, geo_.num_blocks, geo_.num_blocks, true));
+  }
+  return backend_->CopyBlocks(geo_, base_, pairs, num_pairs, stream);
+}
+
+absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs,
+                                       int32_t num_pairs, void* stream) {
+  const CacheGeometry& a = src.geo_;
+  const CacheGeometry& b = geo_;
+  if (a.num_layers != b.num_layers || a.block_size != b.block_size ||
+      a.num_kv_heads != b.num_kv_heads || a.head_size != b.head_size ||
+      a.k_dtype != b.k_dtype || a.v_dtype != b.v_dtype ||
+      src.has_key_smoothing() != has_key_smoothing()) {
+    return InvalidArgument(absl::StrFormat(
+        "src and dst caches differ in geometry: layers %d/%d, block_size %d/%d, kv_heads "
+        "%d/%d, head_size %d/%d, k_dtype %d/%d, v_dtype %d/%d, key smoothing %d/%d",
+        a.num_layers, b.num_layers, a.block_size, b.block_size, a.num_kv_heads,
+        b.num_kv_heads, a.head_size, b.head_size, static_cast<int>(a.k_dtype),
+        static_cast<int>(b.k_dtype), static_cast<int>(a.v_dtype), static_cast<int>(b.v_dtype),
+        src.has_key_smoothing(), has_key_smoothing()));
+  }
+  if (num_pairs < 0) {
+    return InvalidArgument(absl::StrFormat("num_pairs = %d, must be >= 0", num_pairs));
+  }
+  if (num_pairs == 0) return absl::OkStatus();
+  if (pairs == nullptr) {
+    return InvalidArgument(absl::StrFormat("pairs is NULL with num_pairs = %d", num_pairs));
+  }
+  KVP_RETURN_IF_ERROR(
+      ValidateBlockPairs(pairs, num_pairs, a.num_blocks, b.num_blocks, &src == this));
+  if (src.device_kind() != DeviceKind::kCpu || device_kind() != DeviceKind::kCpu) {
+    return Unsupported("block transfers involving a CUDA cache need the CUDA backend");
+  }
+  struct Region {
+    int64_t offset_src, offset_dst, block_bytes;
+  };
+  const Region regions[] = {
+      {a.k_data_offset(), b.k_data_offset(), b.k_block_stride()},
+      {a.v_data_offset(), b.v_data_offset(), b.v_block_stride()},
+      {a.k_scale_offset(), b.k_scale_offset(), b.k_scale_block_stride()},
+      {a.v_scale_offset(), b.v_scale_offset(), b.v_scale_block_stride()},
+  };
+  for (int32_t l = 0; l < b.num_layers; ++l) {
+    for (int32_t i = 0; i < num_pairs; ++i) {
+      for (const Region& r : regions) {
+        if (r.block_bytes == 0) continue;
+        KVP_RETURN_IF_ERROR(backend_->CopyFromHost(
+            layer(l) + r.offset_dst + pairs[2 * i + 1] * r.block_bytes,
+            src.layer(l) + r.offset_src + pairs[2 * i] * r.block_bytes, r.block_bytes));
+      }
+    }
+  }
+  (void)stream;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> Cache::Append(int64_t seq, int32_t num_tokens,
+                                                   void* stream) {
+  return blocks_.Append(seq, num_tokens, [&](absl::Span<const BlockCopy> copies) {
+    if (copies.empty()) return absl::OkStatus();
+    if (device_kind() != DeviceKind::kCpu) {
+      return Unsupported("copy-on-write on a CUDA cache needs the CUDA backend");
+    }
+    std::vector<int32_t> pairs;
+    for (const BlockCopy& c : copies) {
+      pairs.push_back(c.src);
+      pairs.push_back(c.dst);
+    }
+    return backend_->CopyBlocks(geo_, base_, pairs.data(), static_cast<int32_t>(copies.size()),
+                                stream);
+  });
+}
+
+absl::StatusOr<WriteCounters> Cache::ReadCounters() const {
+  WriteCounters c{};
+  KVP_RETURN_IF_ERROR(backend_->CopyToHost(&c, counters_, sizeof(c)));
+  return c;
+}
+
+absl::Status Cache::ResetCounters() {
+  return backend_->Memset(counters_, 0, sizeof(WriteCounters));
+}
+
+}  // namespace kvpage

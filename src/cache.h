@@ -1,0 +1,102 @@
+// A paged KV cache: its geometry, its memory on one backend, its block
+// manager and write counters, and the operations on them. Everything is
+// validated here that needs the cache's state; capi/ checks the C-level
+// arguments (pointers, struct sizes) before calling in.
+#ifndef KVPAGE_SRC_CACHE_H_
+#define KVPAGE_SRC_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "src/backend.h"
+#include "src/block_manager.h"
+#include "src/geometry.h"
+#include "src/params.h"
+
+namespace kvpage {
+
+struct CacheOptions {
+  DeviceKind device_kind = DeviceKind::kCpu;
+  int32_t device_ordinal = 0;
+  CacheGeometry geometry;
+  std::vector<float> key_smoothing;  // empty, or num_kv_heads * head_size
+  Allocator allocator;               // null functions = backend's own
+};
+
+// Validates a geometry (messages name the kvp_cache_config fields).
+absl::Status ValidateGeometry(const CacheGeometry& g);
+bool IsCacheDtype(DType t);
+bool IsActivationDtype(DType t);
+
+struct WriteRequest {
+  int32_t layer = 0;
+  int32_t num_tokens = 0;
+  DType input_dtype = DType::kBF16;
+  const void* key = nullptr;
+  const void* value = nullptr;
+  int64_t key_stride = 0;    // elements; 0 = dense
+  int64_t value_stride = 0;
+  const int64_t* slot_mapping = nullptr;
+};
+
+class Cache {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cache>> Create(CacheOptions options);
+  ~Cache();
+
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  const CacheGeometry& geometry() const { return geo_; }
+  DeviceKind device_kind() const { return backend_->kind(); }
+  int32_t device_ordinal() const { return backend_->ordinal(); }
+  Backend& backend() const { return *backend_; }
+  BlockManager& blocks() { return blocks_; }
+  const BlockManager& blocks() const { return blocks_; }
+  bool has_key_smoothing() const { return smoothing_ != nullptr; }
+  // Key smoothing vector in the cache's memory space, or null.
+  const float* key_smoothing() const { return smoothing_; }
+  uint8_t* layer(int32_t l) const { return base_ + l * geo_.layer_bytes(); }
+  uint8_t* base() const { return base_; }
+  int64_t total_bytes() const { return static_cast<int64_t>(bytes_); }
+
+  absl::Status Write(const WriteRequest& request, void* stream);
+  // Block pairs in the cache's memory space.
+  absl::Status CopyBlocks(const int32_t* pairs, int32_t num_pairs, void* stream);
+  // From `src` (same geometry) into this cache; pairs in host memory.
+  absl::Status TransferBlocksFrom(const Cache& src, const int32_t* pairs,
+                                  int32_t num_pairs, void* stream);
+
+  // Sequence operations (block manager + copy-on-write on the backend).
+  absl::StatusOr<std::vector<int64_t>> Append(int64_t seq, int32_t num_tokens,
+                                              void* stream);
+
+  absl::StatusOr<WriteCounters> ReadCounters() const;
+  absl::Status ResetCounters();
+
+ private:
+  Cache(CacheOptions options, std::unique_ptr<Backend> backend);
+
+  CacheGeometry geo_;
+  Allocator allocator_;
+  std::unique_ptr<Backend> backend_;
+  BlockManager blocks_;
+  uint8_t* base_ = nullptr;   // num_layers regions, then smoothing, counters
+  size_t bytes_ = 0;
+  const float* smoothing_ = nullptr;
+  WriteCounters* counters_ = nullptr;  // in the cache's memory space
+};
+
+// Validates block pairs held in host memory: sources in [0, src_blocks),
+// destinations in [0, dst_blocks), destinations distinct and (when both
+// sides are one cache) not also sources.
+absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs,
+                                int32_t src_blocks, int32_t dst_blocks,
+                                bool same_cache);
+
+}  // namespace kvpage
+
+#endif  // KVPAGE_SRC_CACHE_H_

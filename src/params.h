@@ -1,0 +1,62 @@
+// Plain parameter blocks of the cache operations, built on the host and
+// handed to a backend (and, for CUDA, to the kernels by value). Pointers
+// are in the cache's memory space.
+#ifndef KVPAGE_SRC_PARAMS_H_
+#define KVPAGE_SRC_PARAMS_H_
+
+#include <cstdint>
+
+#include "src/geometry.h"
+
+namespace kvpage {
+
+// Write counters as the backends keep them (device memory for CUDA).
+struct WriteCounters {
+  unsigned long long non_finite;
+  unsigned long long saturated;
+};
+
+// Store num_tokens tokens of one layer through a slot mapping.
+struct WriteParams {
+  CacheGeometry geo;
+  uint8_t* layer;                 // base of the layer's region
+  DType input_dtype;              // FP32, FP16 or BF16
+  int32_t num_tokens;
+  const void* key;                // [t * key_stride + h * head_size + d]
+  const void* value;
+  int64_t key_stride;             // elements between tokens
+  int64_t value_stride;
+  const int64_t* slot_mapping;    // -1 = skip
+  const float* key_smoothing;     // [num_kv_heads * head_size] or null
+  WriteCounters* counters;
+};
+
+// Decode attention over one layer (semantics: kvp_decode in kvpage.h).
+struct DecodeParams {
+  CacheGeometry geo;
+  const uint8_t* layer;
+  int32_t num_seqs;
+  int32_t query_len;
+  int32_t num_q_heads;
+  int32_t max_context_len;        // capacity of the decoder
+  DType q_dtype;
+  DType out_dtype;
+  const void* q;
+  int64_t q_stride;               // elements between query tokens
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  int32_t block_table_width;
+  const int32_t* seq_lens;
+  const float* alibi_slopes;      // [num_q_heads] or null
+  const float* key_smoothing;     // [num_kv_heads * head_size] or null
+  int32_t sliding_window;         // 0 = off
+  float sm_scale;                 // resolved (never 0)
+  float logits_soft_cap;          // 0 = off
+  void* out;
+  int64_t out_stride;             // elements between query tokens
+  float* lse;                     // [num_seqs][query_len][num_q_heads] or null
+};
+
+}  // namespace kvpage
+
+#endif  // KVPAGE_SRC_PARAMS_H_
