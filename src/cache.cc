@@ -274,22 +274,15 @@ absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs,
   if (src.device_kind() != DeviceKind::kCpu || device_kind() != DeviceKind::kCpu) {
     return Unsupported("block transfers involving a CUDA cache need the CUDA backend");
   }
-  struct Region {
-    int64_t offset_src, offset_dst, block_bytes;
-  };
-  const Region regions[] = {
-      {a.k_data_offset(), b.k_data_offset(), b.k_block_stride()},
-      {a.v_data_offset(), b.v_data_offset(), b.v_block_stride()},
-      {a.k_scale_offset(), b.k_scale_offset(), b.k_scale_block_stride()},
-      {a.v_scale_offset(), b.v_scale_offset(), b.v_scale_block_stride()},
-  };
+  // Block strides agree; region offsets differ when num_blocks does.
   for (int32_t l = 0; l < b.num_layers; ++l) {
     for (int32_t i = 0; i < num_pairs; ++i) {
-      for (const Region& r : regions) {
-        if (r.block_bytes == 0) continue;
+      for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
+        const CacheGeometry::BlockRegion from = a.block_region(r), to = b.block_region(r);
+        if (to.block_stride == 0) continue;
         KVP_RETURN_IF_ERROR(backend_->CopyFromHost(
-            layer(l) + r.offset_dst + pairs[2 * i + 1] * r.block_bytes,
-            src.layer(l) + r.offset_src + pairs[2 * i] * r.block_bytes, r.block_bytes));
+            layer(l) + to.offset + pairs[2 * i + 1] * to.block_stride,
+            src.layer(l) + from.offset + pairs[2 * i] * from.block_stride, to.block_stride));
       }
     }
   }

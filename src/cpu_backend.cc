@@ -262,23 +262,14 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
 absl::Status CpuBackend::CopyBlocks(const CacheGeometry& g, uint8_t* base,
                                     const int32_t* pairs, int32_t num_pairs,
                                     void*) {
-  struct Region {
-    int64_t offset;
-    int64_t block_bytes;
-  };
-  const Region regions[] = {
-      {g.k_data_offset(), g.k_block_stride()},
-      {g.v_data_offset(), g.v_block_stride()},
-      {g.k_scale_offset(), g.k_scale_block_stride()},
-      {g.v_scale_offset(), g.v_scale_block_stride()},
-  };
   for (int32_t layer = 0; layer < g.num_layers; ++layer) {
     uint8_t* l = base + layer * g.layer_bytes();
     for (int32_t i = 0; i < num_pairs; ++i) {
-      for (const Region& r : regions) {
-        if (r.block_bytes == 0) continue;
-        std::memcpy(l + r.offset + pairs[2 * i + 1] * r.block_bytes,
-                    l + r.offset + pairs[2 * i] * r.block_bytes, r.block_bytes);
+      for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
+        const CacheGeometry::BlockRegion region = g.block_region(r);
+        if (region.block_stride == 0) continue;
+        std::memcpy(l + region.offset + pairs[2 * i + 1] * region.block_stride,
+                    l + region.offset + pairs[2 * i] * region.block_stride, region.block_stride);
       }
     }
   }

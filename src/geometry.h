@@ -138,6 +138,20 @@ struct CacheGeometry {
     return num_layers * layer_bytes();
   }
 
+  // A block spans one slice of each of the layer's four regions (K data,
+  // V data, K scales, V scales); copying a block copies all four.
+  static constexpr int kNumBlockRegions = 4;
+  struct BlockRegion {
+    int64_t offset;        // of the region in the layer
+    int64_t block_stride;  // bytes of one block in it (0: region absent)
+  };
+  KVP_HOST_DEVICE constexpr BlockRegion block_region(int i) const {
+    return i == 0   ? BlockRegion{k_data_offset(), k_block_stride()}
+           : i == 1 ? BlockRegion{v_data_offset(), v_block_stride()}
+           : i == 2 ? BlockRegion{k_scale_offset(), k_scale_block_stride()}
+                    : BlockRegion{v_scale_offset(), v_scale_block_stride()};
+  }
+
   // Bytes one token occupies in one layer (all KV heads, data + scales).
   KVP_HOST_DEVICE constexpr int64_t bytes_per_token_per_layer() const {
     return num_kv_heads *
