@@ -102,7 +102,7 @@ const char* kvp_build_info(void) {
          "; abi=1.0"
          "; backends=cpu"
 #if KVPAGE_HAVE_CUDA
-         ",cuda(no kernels yet)"
+         ",cuda"
 #endif
          "; cuda_architectures=" KVPAGE_CUDA_ARCHITECTURES
          "; kv_dtypes=fp16,bf16,fp8_e4m3,int8,int4"

@@ -23,6 +23,10 @@ enum { kLayers = 4, kKvHeads = 8, kQHeads = 32, kHead = 128, kBlock = 16, kSeqs 
        kMaxSeqs = kSeqs + 1, kMaxLen = 1024, kMaxBlocksPerSeq = kMaxLen / kBlock };
 #define TOKEN_ELEMS (kKvHeads * kHead)
 
+#ifdef KVPAGE_EXAMPLE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 static int check(kvp_error* e, const char* what) {
   if (e == NULL) return 0;
   fprintf(stderr, "%s failed: %s: %s\n", what, kvp_error_code_name(kvp_error_code(e)),
@@ -48,6 +52,49 @@ static double uniform01(void) {
 static float normal(void) {
   return (float)(sqrt(-2.0 * log(uniform01())) * cos(6.283185307179586 * uniform01()));
 }
+
+/* Where the cache lives decides where the buffers handed to kvpage live:
+ * a CUDA cache reads inputs from, and writes outputs to, device memory. */
+static int on_gpu = 0;
+
+/* A scratch buffer in the cache's memory space holding a copy of `src`. */
+typedef struct {
+  void* ptr;
+  size_t bytes;
+} Staged;
+
+static void* stage(Staged* st, const void* src, size_t bytes) {
+#ifdef KVPAGE_EXAMPLE_CUDA
+  if (on_gpu) {
+    if (bytes > st->bytes) {
+      cudaFree(st->ptr);
+      if (cudaMalloc(&st->ptr, bytes) != cudaSuccess) {
+        fprintf(stderr, "cudaMalloc(%zu) failed\n", bytes);
+        exit(1);
+      }
+      st->bytes = bytes;
+    }
+    if (src != NULL) cudaMemcpy(st->ptr, src, bytes, cudaMemcpyHostToDevice);
+    return st->ptr;
+  }
+#endif
+  (void)st;
+  (void)bytes;
+  return (void*)src;
+}
+
+static void unstage(void* dst, const Staged* st, void* host_result, size_t bytes) {
+#ifdef KVPAGE_EXAMPLE_CUDA
+  if (on_gpu) {
+    cudaMemcpy(dst, st->ptr, bytes, cudaMemcpyDeviceToHost);
+    return;
+  }
+#endif
+  (void)st;
+  if (dst != host_result) memcpy(dst, host_result, bytes);
+}
+
+static Staged st_k, st_v, st_slots, st_q, st_out, st_table, st_lens;
 
 /* What the engine keeps to check the last step: every token's K/V per layer
  * and sequence, unquantized. */
@@ -88,9 +135,9 @@ static void append_and_write(kvp_cache* cache, Sequence* s, int n, void* stream)
     w.layer = l;
     w.num_tokens = n;
     w.input_dtype = KVP_DTYPE_FP32;
-    w.key = k;
-    w.value = v;
-    w.slot_mapping = slots;
+    w.key = stage(&st_k, k, sizeof(float) * (size_t)n * TOKEN_ELEMS);
+    w.value = stage(&st_v, v, sizeof(float) * (size_t)n * TOKEN_ELEMS);
+    w.slot_mapping = stage(&st_slots, slots, sizeof(int64_t) * (size_t)n);
     check(kvp_cache_write(cache, &w, stream), "kvp_cache_write");
   }
   s->len += n;
@@ -137,7 +184,6 @@ int main(int argc, char** argv) {
   kvp_decode_config dc;
   kvp_decoder* decoder = NULL;
   kvp_cache* cache = NULL;
-  kvp_error* err;
   Sequence seqs[kMaxSeqs];
   int64_t ids[kMaxSeqs];
   int32_t table[kMaxSeqs * kMaxBlocksPerSeq], lens[kMaxSeqs];
@@ -156,8 +202,9 @@ int main(int argc, char** argv) {
   cfg.k_dtype = dtype;
   cfg.v_dtype = dtype;
   check(kvp_device_count(KVP_DEVICE_CUDA, &gpus), "kvp_device_count");
-  err = NULL;
+#ifdef KVPAGE_EXAMPLE_CUDA
   if (gpus > 0) {
+    kvp_error* err;
     cfg.device_kind = KVP_DEVICE_CUDA;
     err = kvp_cache_create(&cfg, &cache);
     if (err != NULL) {
@@ -165,10 +212,10 @@ int main(int argc, char** argv) {
       kvp_error_free(err);
       cache = NULL;
     }
+    on_gpu = cache != NULL;
   }
+#endif
   if (cache == NULL) {
-    /* The inputs below live in host memory: a CUDA run would stage them to
-     * the device; this build falls back to the CPU backend. */
     cfg.device_kind = KVP_DEVICE_CPU;
     check(kvp_cache_create(&cfg, &cache), "kvp_cache_create");
   }
@@ -217,16 +264,19 @@ int main(int argc, char** argv) {
     for (i = 0; i < num_seqs * kQHeads * kHead; ++i) q[i] = normal();
     t0 = now_s();
     for (l = 0; l < kLayers; ++l) {
+      const size_t out_bytes = sizeof(float) * (size_t)num_seqs * kQHeads * kHead;
       kvp_decode_args a;
       kvp_decode_args_init(&a);
       a.layer = l;
       a.num_seqs = num_seqs;
-      a.q = q;
-      a.block_table = table;
+      a.q = stage(&st_q, q, out_bytes);
+      a.block_table = stage(&st_table, table, sizeof(table));
       a.block_table_width = kMaxBlocksPerSeq;
-      a.seq_lens = lens;
-      a.out = out;
+      a.seq_lens = stage(&st_lens, lens, sizeof(int32_t) * (size_t)num_seqs);
+      a.out = stage(&st_out, NULL, out_bytes);
+      if (a.out == NULL) a.out = out;
       check(kvp_decode(decoder, &a, NULL), "kvp_decode");
+      unstage(out, &st_out, a.out, out_bytes); /* the engine's next layer needs it */
       if (step == steps - 1 && l == kLayers - 1) {
         /* The last step: every output against float64 attention. */
         int h;

@@ -1,17 +1,45 @@
-// Host-callable launchers of the kernels: plain C++ declarations, so that
-// src/ (compiled by the host compiler) can call into the CUDA objects.
+// Host-callable launchers of the kernels: plain C++ declarations over the
+// plain-data parameter blocks of src/params.h, so that src/ (compiled by the
+// host compiler, no CUDA syntax) can call into the CUDA objects. Each
+// returns a cudaError_t as int (cudaSuccess = 0): the launch's own error,
+// from cudaGetLastError(). None allocates or synchronizes.
 #ifndef KVPAGE_KERNELS_LAUNCH_H_
 #define KVPAGE_KERNELS_LAUNCH_H_
 
+#include <cstddef>
 #include <cstdint>
+
+#include "src/geometry.h"
+#include "src/params.h"
 
 namespace kvpage {
 namespace kernels {
 
 // Fills dst[i] = seed * 2654435761 + i (mod 2^32) for i < n on `stream`.
-// The toolchain probe: proves .cu files compile, link and run. Returns a
-// cudaError_t as int.
+// The toolchain probe: proves .cu files compile, link and run.
 int LaunchFillPattern(uint32_t* dst, int64_t n, uint32_t seed, void* stream);
+
+// Quantize + scatter (WriteParams; pointers in device memory). Produces
+// the same bytes as the CPU backend's write; -1 slots are skipped, slots
+// out of range are skipped too (nothing is written for them).
+int LaunchCacheWrite(const WriteParams& params, void* stream);
+
+// Copies blocks pairs[2i] -> pairs[2i+1] (pairs in device memory) of every
+// layer of the cache at `base`, data and scales, in one launch.
+int LaunchCopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
+                     int32_t num_pairs, void* stream);
+
+// Decode: the partition kernel then the reduce kernel, both shaped by
+// `shape` alone. Sequences/partitions past a sequence's length exit at once.
+int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
+                 const DecodeWorkspace& workspace, void* stream);
+
+// Dynamic shared memory the partition kernel needs for `rows` query rows
+// per block (num_q_heads / num_kv_heads * max_query_len) and
+// `partition_size` tokens; the host picks the largest partition size whose
+// need fits the device's per-block limit. The launch raises the kernel's
+// dynamic shared memory limit itself when the need exceeds 48 KiB.
+size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size);
 
 }  // namespace kernels
 }  // namespace kvpage

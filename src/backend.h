@@ -48,6 +48,9 @@ class Backend {
   virtual absl::Status Memset(void* ptr, int value, size_t bytes) = 0;
   virtual absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // Copies between any two places this backend's device can reach (its own
+  // memory, host memory, another device's memory), ordered on `stream`.
+  virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes, void* stream) = 0;
 
   // Quantize and scatter tokens (WriteParams); slots out of range are an
   // error where the backend can see them before writing anything.

@@ -271,39 +271,43 @@ absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs,
   }
   KVP_RETURN_IF_ERROR(
       ValidateBlockPairs(pairs, num_pairs, a.num_blocks, b.num_blocks, &src == this));
-  if (src.device_kind() != DeviceKind::kCpu || device_kind() != DeviceKind::kCpu) {
-    return Unsupported("block transfers involving a CUDA cache need the CUDA backend");
-  }
+  // A CUDA side (this cache's device first) moves the bytes; two CPU caches
+  // copy on the host.
+  Backend& mover = device_kind() == DeviceKind::kCuda ? *backend_ : src.backend();
   // Block strides agree; region offsets differ when num_blocks does.
   for (int32_t l = 0; l < b.num_layers; ++l) {
     for (int32_t i = 0; i < num_pairs; ++i) {
       for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
         const CacheGeometry::BlockRegion from = a.block_region(r), to = b.block_region(r);
         if (to.block_stride == 0) continue;
-        KVP_RETURN_IF_ERROR(backend_->CopyFromHost(
+        KVP_RETURN_IF_ERROR(mover.CopyAsync(
             layer(l) + to.offset + pairs[2 * i + 1] * to.block_stride,
-            src.layer(l) + from.offset + pairs[2 * i] * from.block_stride, to.block_stride));
+            src.layer(l) + from.offset + pairs[2 * i] * from.block_stride, to.block_stride,
+            stream));
       }
     }
   }
-  (void)stream;
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int64_t>> Cache::Append(int64_t seq, int32_t num_tokens,
                                                    void* stream) {
   return blocks_.Append(seq, num_tokens, [&](absl::Span<const BlockCopy> copies) {
-    if (copies.empty()) return absl::OkStatus();
-    if (device_kind() != DeviceKind::kCpu) {
-      return Unsupported("copy-on-write on a CUDA cache needs the CUDA backend");
-    }
-    std::vector<int32_t> pairs;
+    // Region by region on the stream: the pairs are host values, and a
+    // device-side pair list shared between streams would race.
     for (const BlockCopy& c : copies) {
-      pairs.push_back(c.src);
-      pairs.push_back(c.dst);
+      for (int32_t l = 0; l < geo_.num_layers; ++l) {
+        for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
+          const CacheGeometry::BlockRegion region = geo_.block_region(r);
+          if (region.block_stride == 0) continue;
+          KVP_RETURN_IF_ERROR(backend_->CopyAsync(
+              layer(l) + region.offset + c.dst * region.block_stride,
+              layer(l) + region.offset + c.src * region.block_stride, region.block_stride,
+              stream));
+        }
+      }
     }
-    return backend_->CopyBlocks(geo_, base_, pairs.data(), static_cast<int32_t>(copies.size()),
-                                stream);
+    return absl::OkStatus();
   });
 }
 

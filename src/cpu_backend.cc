@@ -90,6 +90,10 @@ class CpuBackend final : public Backend {
     std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   }
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, void*) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
 
   absl::Status Write(const WriteParams& p, void* /*stream*/) override;
   size_t DecodeWorkspaceBytes(const CacheGeometry&,

@@ -1,15 +1,182 @@
-// The CUDA backend's host side. The kernels arrive with the CUDA backend
-// issue; until then a cache on a CUDA device is KVP_ERR_UNSUPPORTED, and
-// this file only reports devices and probes the toolchain.
+// The CUDA backend's host side: device memory, the decode launch shape and
+// workspace, and the launches. Every entry makes the cache's device current
+// for its duration and restores the caller's device afterwards; launches
+// go on the caller's stream with no allocation and no synchronization.
+#include <algorithm>
+#include <memory>
+
 #include "absl/strings/str_format.h"
 #include "src/backend.h"
 #include "src/status.h"
 
 #if KVPAGE_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "kernels/launch.h"
 #endif
 
 namespace kvpage {
+
+#if KVPAGE_HAVE_CUDA
+namespace {
+
+absl::Status CudaError(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it so later calls are unaffected
+    return OutOfMemory(absl::StrFormat("%s: %s", what, cudaGetErrorString(e)));
+  }
+  return DeviceError(absl::StrFormat("%s: %s (%s)", what, cudaGetErrorString(e),
+                                     cudaGetErrorName(e)));
+}
+
+// Makes `ordinal` the current device for a scope and restores the caller's.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int ordinal) {
+    status_ = CudaError(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (status_.ok() && previous_ != ordinal) {
+      status_ = CudaError(cudaSetDevice(ordinal), "cudaSetDevice");
+      switched_ = status_.ok();
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+  absl::Status status_;
+};
+
+#define KVP_CUDA_GUARD(ordinal)              \
+  DeviceGuard kvp_guard_(ordinal);           \
+  KVP_RETURN_IF_ERROR(kvp_guard_.status())
+
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int32_t ordinal, int num_sms, size_t max_shared_per_block)
+      : ordinal_(ordinal), num_sms_(num_sms), max_shared_per_block_(max_shared_per_block) {}
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  int32_t ordinal() const override { return ordinal_; }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    KVP_CUDA_GUARD(ordinal_);
+    void* p = nullptr;
+    KVP_RETURN_IF_ERROR(CudaError(cudaMalloc(&p, bytes),
+                                  absl::StrFormat("cudaMalloc(%d bytes) on device %d", bytes,
+                                                  ordinal_).c_str()));
+    return p;
+  }
+  void Free(void* ptr) override {
+    DeviceGuard guard(ordinal_);
+    cudaFree(ptr);
+  }
+  absl::Status Memset(void* ptr, int value, size_t bytes) override {
+    KVP_CUDA_GUARD(ordinal_);
+    KVP_RETURN_IF_ERROR(CudaError(cudaMemset(ptr, value, bytes), "cudaMemset"));
+    // cudaMemset may return before it completes; creation must be done.
+    return CudaError(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemset");
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
+    KVP_CUDA_GUARD(ordinal_);
+    return CudaError(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    KVP_CUDA_GUARD(ordinal_);
+    // Work on any stream (also non-blocking ones) must be done first.
+    KVP_RETURN_IF_ERROR(CudaError(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+    return CudaError(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  }
+
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, void* stream) override {
+    KVP_CUDA_GUARD(ordinal_);
+    // Unified addressing tells host, this device and peers apart.
+    return CudaError(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, AsStream(stream)),
+                     "cudaMemcpyAsync");
+  }
+
+  absl::Status Write(const WriteParams& p, void* stream) override {
+    KVP_CUDA_GUARD(ordinal_);
+    return CudaError(static_cast<cudaError_t>(kernels::LaunchCacheWrite(p, stream)),
+                     "cache write kernel launch");
+  }
+
+  // Partition size: the largest of 512..32 whose shared memory fits, then
+  // halved while the capacity's grid would leave SMs idle (small batches
+  // of long sequences want more partitions). Depends on capacities only.
+  DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
+    DecodeShape s;
+    s.max_num_seqs = cap.max_num_seqs;
+    s.max_query_len = cap.max_query_len;
+    const int32_t rows = cap.num_q_heads / geo.num_kv_heads * cap.max_query_len;
+    int32_t p = 512;
+    while (p > 32 && kernels::DecodeSharedBytes(geo, rows, p) > max_shared_per_block_) p /= 2;
+    auto blocks = [&](int32_t part) {
+      return int64_t{cap.max_num_seqs} * geo.num_kv_heads * ((cap.max_context_len + part - 1) / part);
+    };
+    while (p > 64 && blocks(p) < 2 * int64_t{num_sms_}) p /= 2;
+    s.partition_size = p;
+    s.max_partitions = (cap.max_context_len + p - 1) / p;
+    return s;
+  }
+
+  // Workspace layout (src/params.h): partial_out, then partial_max, then
+  // partial_sum, each 256-byte aligned.
+  struct WorkspaceLayout {
+    int64_t out_offset = 0, max_offset = 0, sum_offset = 0, bytes = 0;
+  };
+  static WorkspaceLayout Layout(const CacheGeometry& geo, const DecodeCapacity& cap,
+                                const DecodeShape& s) {
+    const int64_t rows = int64_t{s.max_num_seqs} * s.max_query_len * cap.num_q_heads *
+                         s.max_partitions;
+    WorkspaceLayout l;
+    l.max_offset = AlignUp(rows * geo.head_size * int64_t{sizeof(float)}, kRegionAlignment);
+    l.sum_offset = l.max_offset + AlignUp(rows * int64_t{sizeof(float)}, kRegionAlignment);
+    l.bytes = l.sum_offset + AlignUp(rows * int64_t{sizeof(float)}, kRegionAlignment);
+    return l;
+  }
+
+  size_t DecodeWorkspaceBytes(const CacheGeometry& geo,
+                              const DecodeCapacity& cap) const override {
+    return static_cast<size_t>(Layout(geo, cap, Shape(geo, cap)).bytes);
+  }
+
+  absl::Status Decode(const DecodeParams& p, const DecodeCapacity& cap, void* workspace,
+                      void* stream) override {
+    KVP_CUDA_GUARD(ordinal_);
+    const DecodeShape shape = Shape(p.geo, cap);
+    const WorkspaceLayout l = Layout(p.geo, cap, shape);
+    auto* base = static_cast<uint8_t*>(workspace);
+    DecodeWorkspace ws;
+    ws.partial_out = reinterpret_cast<float*>(base + l.out_offset);
+    ws.partial_max = reinterpret_cast<float*>(base + l.max_offset);
+    ws.partial_sum = reinterpret_cast<float*>(base + l.sum_offset);
+    return CudaError(static_cast<cudaError_t>(kernels::LaunchDecode(p, shape, ws, stream)),
+                     "decode kernel launch");
+  }
+
+  absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
+                          int32_t num_pairs, void* stream) override {
+    KVP_CUDA_GUARD(ordinal_);
+    return CudaError(static_cast<cudaError_t>(
+                         kernels::LaunchCopyBlocks(geo, base, pairs, num_pairs, stream)),
+                     "block copy kernel launch");
+  }
+
+ private:
+  const int32_t ordinal_;
+  const int num_sms_;
+  const size_t max_shared_per_block_;
+};
+
+}  // namespace
+#endif  // KVPAGE_HAVE_CUDA
 
 int32_t CudaDeviceCount() {
 #if KVPAGE_HAVE_CUDA
@@ -31,9 +198,15 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal) {
     return InvalidArgument(absl::StrFormat(
         "config->device_ordinal = %d, but %d CUDA device(s) are present", ordinal, count));
   }
-  return Unsupported(
-      "the CUDA backend's kernels are not part of this release yet; use "
-      "device_kind = KVP_DEVICE_CPU");
+  int num_sms = 0, smem_optin = 0;
+  KVP_RETURN_IF_ERROR(CudaError(
+      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, ordinal),
+      "cudaDeviceGetAttribute(MultiProcessorCount)"));
+  KVP_RETURN_IF_ERROR(CudaError(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal),
+      "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
+  return std::unique_ptr<Backend>(
+      new CudaBackend(ordinal, num_sms, static_cast<size_t>(smem_optin)));
 #else
   return Unsupported(absl::StrFormat(
       "device_kind = KVP_DEVICE_CUDA (ordinal %d), but this build has no CUDA "

@@ -57,6 +57,27 @@ struct DecodeParams {
   float* lse;                     // [num_seqs][query_len][num_q_heads] or null
 };
 
+// The launch shape of a decode: fixed by the decoder's capacities (and the
+// device's SM count) when it is created, never by a batch's lengths.
+struct DecodeShape {
+  int32_t max_num_seqs = 0;
+  int32_t max_query_len = 1;
+  int32_t partition_size = 0;   // tokens per split-K partition, a multiple of 32
+  int32_t max_partitions = 0;   // ceil(max_context_len / partition_size)
+};
+
+// Split-K scratch, carved from the decoder's workspace (all FP32):
+//   partial_out [max_num_seqs][max_query_len][num_q_heads][max_partitions][head_size]
+//   partial_max [max_num_seqs][max_query_len][num_q_heads][max_partitions]
+//   partial_sum [same]
+// partial_out holds the partition's softmax-normalized output, partial_max
+// its largest logit and partial_sum sum(exp(logit - partial_max)).
+struct DecodeWorkspace {
+  float* partial_out = nullptr;
+  float* partial_max = nullptr;
+  float* partial_sum = nullptr;
+};
+
 }  // namespace kvpage
 
 #endif  // KVPAGE_SRC_PARAMS_H_

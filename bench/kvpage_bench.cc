@@ -1,0 +1,316 @@
+// kvpage-bench: decode and cache-write throughput on one GPU, against the
+// device-to-device copy bandwidth measured in the same run.
+//
+// Bytes counted for a decode: K, V and scales of every token attended,
+// read once (kvp_cache_info.bytes_per_token_per_layer per token). Times are
+// medians over >= 50 runs timed with CUDA events after a warm-up; the cache
+// spans enough layers (> 4x the L2) that consecutive runs rotate through
+// different memory and never hit in L2.
+//
+// usage: kvpage-bench [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvpage/kvpage.h"
+
+namespace {
+
+void Check(kvp_error* e, const char* what) {
+  if (e == nullptr) return;
+  std::fprintf(stderr, "%s: %s: %s\n", what, kvp_error_code_name(kvp_error_code(e)),
+               kvp_error_message(e));
+  std::exit(1);
+}
+
+void CheckCuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+  std::exit(1);
+}
+
+template <typename F>
+double MedianMs(int iters, int warmup, F&& run) {
+  cudaEvent_t a, b;
+  CheckCuda(cudaEventCreate(&a), "event");
+  CheckCuda(cudaEventCreate(&b), "event");
+  for (int i = 0; i < warmup; ++i) run(i);
+  std::vector<float> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    CheckCuda(cudaEventRecord(a), "record");
+    run(warmup + i);
+    CheckCuda(cudaEventRecord(b), "record");
+    CheckCuda(cudaEventSynchronize(b), "sync");
+    CheckCuda(cudaEventElapsedTime(&ms[i], a, b), "elapsed");
+  }
+  CheckCuda(cudaGetLastError(), "kernel");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[iters / 2];
+}
+
+// Device-to-device copy bandwidth: bytes read + bytes written per second.
+double CopyBandwidthGBs() {
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  CheckCuda(cudaMalloc(&src, bytes), "malloc");
+  CheckCuda(cudaMalloc(&dst, bytes), "malloc");
+  CheckCuda(cudaMemset(src, 1, bytes), "memset");
+  const double ms = MedianMs(50, 5, [&](int) { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); });
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;
+}
+
+struct Shape {
+  std::string name;
+  int hq, hkv, head_size;
+  std::vector<int> lens;
+};
+
+struct Result {
+  std::string shape, dtype;
+  int batch;
+  double us, gbs, frac, write_gbs;
+};
+
+int ParseDtype(const std::string& s) {
+  if (s == "bf16") return KVP_DTYPE_BF16;
+  if (s == "fp16") return KVP_DTYPE_FP16;
+  if (s == "fp8") return KVP_DTYPE_FP8_E4M3;
+  if (s == "int8") return KVP_DTYPE_INT8;
+  if (s == "int4") return KVP_DTYPE_INT4;
+  std::fprintf(stderr, "unknown dtype %s\n", s.c_str());
+  std::exit(2);
+}
+
+uint16_t ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gbs, int iters,
+               size_t l2_bytes, std::mt19937& rng) {
+  const int dtype = ParseDtype(dtype_name);
+  const int bs = 16, D = shape.head_size, B = static_cast<int>(shape.lens.size());
+  int64_t total_tokens = 0;
+  int max_len = 0, width = 0;
+  for (int l : shape.lens) {
+    total_tokens += l;
+    max_len = std::max(max_len, l);
+  }
+  width = (max_len + bs - 1) / bs;
+  int64_t blocks = 0;
+  for (int l : shape.lens) blocks += (l + bs - 1) / bs;
+
+  // Enough layers that the rotation spans > 4x L2.
+  kvp_cache_config cfg;
+  kvp_cache_config_init(&cfg);
+  cfg.device_kind = KVP_DEVICE_CUDA;
+  cfg.num_blocks = static_cast<int32_t>(blocks);
+  cfg.block_size = bs;
+  cfg.num_kv_heads = shape.hkv;
+  cfg.head_size = D;
+  cfg.k_dtype = dtype;
+  cfg.v_dtype = dtype;
+  kvp_cache* probe = nullptr;
+  Check(kvp_cache_create(&cfg, &probe), "cache");
+  kvp_cache_info info;
+  kvp_cache_info_init(&info);
+  Check(kvp_cache_get_info(probe, &info), "info");
+  kvp_cache_destroy(probe);
+  const int64_t layer_bytes = info.total_bytes;
+  cfg.num_layers = static_cast<int32_t>(std::max<int64_t>(2, (4 * l2_bytes) / layer_bytes + 1));
+  cfg.num_layers = std::min(cfg.num_layers, 64);
+  kvp_cache* cache = nullptr;
+  Check(kvp_cache_create(&cfg, &cache), "cache");
+  Check(kvp_cache_get_info(cache, &info), "info");
+
+  // Tables: each sequence gets its own blocks, shuffled as a real pool is.
+  std::vector<int32_t> perm(blocks);
+  for (int64_t i = 0; i < blocks; ++i) perm[i] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(size_t(B) * width, 0);
+  std::vector<int64_t> slots;
+  slots.reserve(total_tokens);
+  int64_t next = 0;
+  for (int s = 0; s < B; ++s) {
+    for (int j = 0; j < (shape.lens[s] + bs - 1) / bs; ++j) table[size_t(s) * width + j] = perm[next++];
+    for (int t = 0; t < shape.lens[s]; ++t) {
+      slots.push_back(int64_t(table[size_t(s) * width + t / bs]) * bs + t % bs);
+    }
+  }
+
+  // Fill every layer with random BF16 K/V through the write kernel, in
+  // chunks; time the chunks of the first layer for the write throughput.
+  const int64_t chunk = std::min<int64_t>(total_tokens, 65536);
+  const int64_t elems = chunk * shape.hkv * D;
+  std::vector<uint16_t> host(elems);
+  std::normal_distribution<float> normal;
+  for (auto& x : host) x = ToBf16(normal(rng));
+  void *dk = nullptr, *dv = nullptr, *dslots = nullptr, *dtable = nullptr, *dlens = nullptr;
+  CheckCuda(cudaMalloc(&dk, elems * 2), "malloc");
+  CheckCuda(cudaMalloc(&dv, elems * 2), "malloc");
+  CheckCuda(cudaMemcpy(dk, host.data(), elems * 2, cudaMemcpyHostToDevice), "copy");
+  std::reverse(host.begin(), host.end());
+  CheckCuda(cudaMemcpy(dv, host.data(), elems * 2, cudaMemcpyHostToDevice), "copy");
+  CheckCuda(cudaMalloc(&dslots, slots.size() * 8), "malloc");
+  CheckCuda(cudaMemcpy(dslots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice), "copy");
+  auto write_chunk = [&](int layer, int64_t start) {
+    kvp_write_args w;
+    kvp_write_args_init(&w);
+    w.layer = layer;
+    w.num_tokens = static_cast<int32_t>(std::min(chunk, total_tokens - start));
+    w.input_dtype = KVP_DTYPE_BF16;
+    w.key = dk;
+    w.value = dv;
+    w.slot_mapping = static_cast<const int64_t*>(dslots) + start;
+    Check(kvp_cache_write(cache, &w, nullptr), "write");
+  };
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    for (int64_t start = 0; start < total_tokens; start += chunk) write_chunk(l, start);
+  }
+  CheckCuda(cudaDeviceSynchronize(), "fill");
+  const int64_t first_chunk = std::min(chunk, total_tokens);
+  const double write_ms = MedianMs(std::max(iters / 2, 20), 3, [&](int i) {
+    write_chunk(i % cfg.num_layers, 0);
+  });
+  // Write traffic: BF16 input read + the cache bytes written.
+  const double write_bytes =
+      double(first_chunk) * (2.0 * shape.hkv * D * 2 + info.bytes_per_token_per_layer);
+  const double write_gbs = write_bytes / (write_ms * 1e-3) / 1e9;
+
+  CheckCuda(cudaMalloc(&dtable, table.size() * 4), "malloc");
+  CheckCuda(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "copy");
+  std::vector<int32_t> lens(shape.lens.begin(), shape.lens.end());
+  CheckCuda(cudaMalloc(&dlens, lens.size() * 4), "malloc");
+  CheckCuda(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice), "copy");
+  const int64_t q_elems = int64_t(B) * shape.hq * D;
+  std::vector<uint16_t> hq(q_elems);
+  for (auto& x : hq) x = ToBf16(normal(rng));
+  void *dq = nullptr, *dout = nullptr;
+  CheckCuda(cudaMalloc(&dq, q_elems * 2), "malloc");
+  CheckCuda(cudaMalloc(&dout, q_elems * 2), "malloc");
+  CheckCuda(cudaMemcpy(dq, hq.data(), q_elems * 2, cudaMemcpyHostToDevice), "copy");
+
+  kvp_decode_config dc;
+  kvp_decode_config_init(&dc);
+  dc.num_query_heads = shape.hq;
+  dc.max_num_seqs = B;
+  dc.max_context_len = max_len;
+  kvp_decoder* dec = nullptr;
+  Check(kvp_decoder_create(cache, &dc, &dec), "decoder");
+  kvp_decode_args a;
+  kvp_decode_args_init(&a);
+  a.num_seqs = B;
+  a.q = dq;
+  a.block_table = static_cast<const int32_t*>(dtable);
+  a.block_table_width = width;
+  a.seq_lens = static_cast<const int32_t*>(dlens);
+  a.out = dout;
+  const double ms = MedianMs(iters, 10, [&](int i) {
+    a.layer = i % cfg.num_layers;
+    Check(kvp_decode(dec, &a, nullptr), "decode");
+  });
+  const double bytes = double(total_tokens) * info.bytes_per_token_per_layer;
+  Result r;
+  r.shape = shape.name;
+  r.dtype = dtype_name;
+  r.batch = B;
+  r.us = ms * 1e3;
+  r.gbs = bytes / (ms * 1e-3) / 1e9;
+  r.frac = r.gbs / copy_gbs;
+  r.write_gbs = write_gbs;
+  kvp_decoder_destroy(dec);
+  kvp_cache_destroy(cache);
+  for (void* p : {dk, dv, dslots, dtable, dlens, dq, dout}) cudaFree(p);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string csv;
+  std::vector<std::string> dtypes = {"bf16", "fp8", "int8", "int4"};
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
+      csv = argv[++i];
+    } else if (!std::strcmp(argv[i], "--dtypes") && i + 1 < argc) {
+      dtypes.clear();
+      std::string s = argv[++i];
+      for (size_t p = 0; p <= s.size();) {
+        size_t c = s.find(',', p);
+        if (c == std::string::npos) c = s.size();
+        dtypes.push_back(s.substr(p, c - p));
+        p = c + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4]\n", argv[0]);
+      return 2;
+    }
+  }
+  int32_t gpus = 0;
+  Check(kvp_device_count(KVP_DEVICE_CUDA, &gpus), "device count");
+  if (gpus == 0) {
+    std::printf("kvpage-bench: no CUDA device (or no CUDA backend in this build); nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop;
+  CheckCuda(cudaGetDeviceProperties(&prop, 0), "props");
+  const double copy_gbs = CopyBandwidthGBs();
+  std::printf("device: %s, %d SMs, L2 %d MiB | copy bandwidth (D2D, read+write): %.0f GB/s\n",
+              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+  std::printf("kvpage %s | %s\n", kvp_version_string(), kvp_build_info());
+
+  std::vector<Shape> shapes;
+  for (int b : {32, 64, 128, 256, 512}) {
+    shapes.push_back({"seed GQA 8/1 T=8192 D=128", 8, 1, 128, std::vector<int>(b, 8192)});
+  }
+  shapes.push_back({"MHA 32/32 T=4096 D=128", 32, 32, 128, std::vector<int>(64, 4096)});
+  shapes.push_back({"GQA 32/8 T=8192 D=128", 32, 8, 128, std::vector<int>(64, 8192)});
+  {
+    std::mt19937 lr(1234);  // a fixed ragged batch, the same in every run
+    std::uniform_real_distribution<double> u(std::log(16.0), std::log(32768.0));
+    std::vector<int> lens(256);
+    for (int& l : lens) l = static_cast<int>(std::exp(u(lr)));
+    shapes.push_back({"ragged 32/8 log-uniform 16..32768", 32, 8, 128, lens});
+  }
+  if (quick) shapes = {shapes[0], shapes[5]};
+
+  std::mt19937 rng(42);
+  std::vector<Result> results;
+  std::printf("\n| shape | B | KV | time (us) | GB/s | of copy BW | write GB/s |\n|---|---|---|---|---|---|---|\n");
+  for (const Shape& s : shapes) {
+    for (const std::string& d : dtypes) {
+      Result r = RunCase(s, d, copy_gbs, quick ? 20 : 60, size_t(prop.l2CacheSize), rng);
+      std::printf("| %s | %d | %s | %.1f | %.0f | %.1f%% | %.0f |\n", r.shape.c_str(), r.batch,
+                  r.dtype.c_str(), r.us, r.gbs, 100 * r.frac, r.write_gbs);
+      std::fflush(stdout);
+      results.push_back(r);
+    }
+  }
+  if (!csv.empty()) {
+    FILE* f = std::fopen(csv.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "device,copy_gbs,shape,batch,kv_dtype,time_us,gbs,fraction,write_gbs\n");
+      for (const Result& r : results) {
+        std::fprintf(f, "%s,%.1f,%s,%d,%s,%.2f,%.1f,%.4f,%.1f\n", prop.name, copy_gbs,
+                     r.shape.c_str(), r.batch, r.dtype.c_str(), r.us, r.gbs, r.frac, r.write_gbs);
+      }
+      std::fclose(f);
+    }
+  }
+  return 0;
+}

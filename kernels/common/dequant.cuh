@@ -1,0 +1,218 @@
+// K/V codes to float, in registers: the only place where the bit tricks of
+// the cache formats (docs/FORMATS.md) are written.
+//
+// DequantCodes<T>(v, f) turns the 16 bytes `v` into kElems<T> floats
+// f[e], e in memory order (for INT4: element 2i is the low nibble of byte
+// i). The values are the *codes* of the format:
+//   FP16 / BF16   the stored value itself
+//   FP8_E4M3      the E4M3 value (no scale)
+//   INT8          the signed integer, -128..127
+//   INT4          the unsigned integer, 0..15
+// Every conversion is exact: each of these fits in FP16's 11 significant
+// bits, and the FP16 -> FP32 step is exact. The per-token scale (and INT4's
+// min) is applied by the caller *after* the conversion; both uses are
+// linear, so the decode folds the scale into one multiply per token
+// (K: dot(q, codes) * scale + min * sum(q); V: the softmax weight times
+// scale, and sum_t p_t * min_t once per row) instead of one per element.
+#ifndef KVPAGE_KERNELS_COMMON_DEQUANT_CUH_
+#define KVPAGE_KERNELS_COMMON_DEQUANT_CUH_
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "src/geometry.h"
+
+namespace kvpage {
+namespace kernels {
+
+// Elements of dtype T in one 16-byte vector.
+template <DType T>
+inline constexpr int kElems = 128 / DTypeBits(T);
+
+namespace dequant_detail {
+
+__device__ __forceinline__ __half2 AsHalf2(uint32_t u) {
+  __half2 h;
+  *reinterpret_cast<uint32_t*>(&h) = u;
+  return h;
+}
+
+// (a & b) | c in one LOP3 (lookup table 0xEA = (0xF0 & 0xCC) | 0xAA).
+__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Four signed bytes (byte i = element i) -> f[0..3].
+// FP16 with exponent field 25 (0x64xx) holds 1024 + m for the 10-bit
+// mantissa m, so placing an unsigned byte u under 0x64 gives 1024 + u
+// exactly; a PRMT builds two such halves at once and one HSUB2 removes the
+// 1024 and the +128 bias that made the signed byte unsigned (x ^ 0x80 =
+// x + 128 for two's complement bytes).
+__device__ __forceinline__ void Int8x4ToFloat(uint32_t w, float* f) {
+  const uint32_t u = w ^ 0x80808080u;
+  // Selector nibbles pick bytes of {u (0..3), 0x64646464 (4..7)}:
+  // 0x5140 -> [u0, 0x64, u1, 0x64], 0x7362 -> [u2, 0x64, u3, 0x64].
+  const uint32_t h01 = __byte_perm(u, 0x64646464u, 0x5140);
+  const uint32_t h23 = __byte_perm(u, 0x64646464u, 0x7362);
+  const __half2 kBias = AsHalf2(0x64806480u);  // 1152 = 1024 + 128
+  const float2 a = __half22float2(__hsub2(AsHalf2(h01), kBias));
+  const float2 b = __half22float2(__hsub2(AsHalf2(h23), kBias));
+  f[0] = a.x;
+  f[1] = a.y;
+  f[2] = b.x;
+  f[3] = b.y;
+}
+
+// Eight unsigned nibbles (nibble i = bits 4i..4i+3 = element i) -> f[0..7].
+// PRMT cannot address nibbles, so LOP3 masks them in place under the 0x6400
+// exponent: mask 0x000F000F yields halves (1024 + n0, 1024 + n4), mask
+// 0x00F000F0 yields (1024 + 16 n1, 1024 + 16 n5); the same on w >> 8 gives
+// n2/n6 and n3/n7. HSUB2 removes 1024, HFMA2 (x / 16 - 64) the scaled ones;
+// both exact. The interleaved order is undone by register naming, free.
+__device__ __forceinline__ void Int4x8ToFloat(uint32_t w, float* f) {
+  constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
+  const __half2 k1024 = AsHalf2(0x64006400u);
+  const __half2 kSixteenth = AsHalf2(0x2C002C00u);  // 1/16
+  const __half2 kMinus64 = AsHalf2(0xD400D400u);    // -64
+  const uint32_t w8 = w >> 8;
+  const float2 e04 = __half22float2(__hsub2(AsHalf2(AndOr(w, kLo, kMagic)), k1024));
+  const float2 e15 =
+      __half22float2(__hfma2(AsHalf2(AndOr(w, kHi, kMagic)), kSixteenth, kMinus64));
+  const float2 e26 = __half22float2(__hsub2(AsHalf2(AndOr(w8, kLo, kMagic)), k1024));
+  const float2 e37 =
+      __half22float2(__hfma2(AsHalf2(AndOr(w8, kHi, kMagic)), kSixteenth, kMinus64));
+  f[0] = e04.x;
+  f[4] = e04.y;
+  f[1] = e15.x;
+  f[5] = e15.y;
+  f[2] = e26.x;
+  f[6] = e26.y;
+  f[3] = e37.x;
+  f[7] = e37.y;
+}
+
+// Four E4M3 bytes -> f[0..3] through the hardware conversion (cvt.f16x2.e4m3x2
+// on sm_89+, cuda_fp8.h's software path before): every E4M3 value is exact
+// in FP16. NaN codes (0x7F/0xFF) never occur in written tokens.
+__device__ __forceinline__ void Fp8x4ToFloat(uint32_t w, float* f) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo));
+  const float2 b = __half22float2(__half2(hi));
+  f[0] = a.x;
+  f[1] = a.y;
+  f[2] = b.x;
+  f[3] = b.y;
+}
+
+// Two BF16 (element 0 in the low half): a BF16 is the top half of an FP32.
+__device__ __forceinline__ void Bf16x2ToFloat(uint32_t w, float* f) {
+  f[0] = __uint_as_float(w << 16);
+  f[1] = __uint_as_float(w & 0xFFFF0000u);
+}
+
+__device__ __forceinline__ void Fp16x2ToFloat(uint32_t w, float* f) {
+  const float2 a = __half22float2(AsHalf2(w));
+  f[0] = a.x;
+  f[1] = a.y;
+}
+
+}  // namespace dequant_detail
+
+// The codes of one 16-byte vector of dtype T as floats, memory order.
+template <DType T>
+__device__ __forceinline__ void DequantCodes(const uint4& v, float (&f)[kElems<T>]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  constexpr int kPerWord = kElems<T> / 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float* out = f + j * kPerWord;
+    if constexpr (T == DType::kBF16) {
+      dequant_detail::Bf16x2ToFloat(w[j], out);
+    } else if constexpr (T == DType::kFP16) {
+      dequant_detail::Fp16x2ToFloat(w[j], out);
+    } else if constexpr (T == DType::kFP8E4M3) {
+      dequant_detail::Fp8x4ToFloat(w[j], out);
+    } else if constexpr (T == DType::kINT8) {
+      dequant_detail::Int8x4ToFloat(w[j], out);
+    } else {
+      static_assert(T == DType::kINT4, "not a cache dtype");
+      dequant_detail::Int4x8ToFloat(w[j], out);
+    }
+  }
+}
+
+// Eight codes at a time: elements 8 * step .. 8 * step + 7 of the vector
+// (step < kElems<T> / 8), so that a kernel holding several vectors keeps
+// only eight floats of each live. `step` must be a constant after
+// unrolling (it selects registers).
+template <DType T>
+__device__ __forceinline__ void DequantCodes8(const uint4& v, int step, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (T == DType::kBF16 || T == DType::kFP16) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (T == DType::kBF16) {
+        dequant_detail::Bf16x2ToFloat(w[j], f + 2 * j);
+      } else {
+        dequant_detail::Fp16x2ToFloat(w[j], f + 2 * j);
+      }
+    }
+  } else if constexpr (T == DType::kFP8E4M3) {
+    dequant_detail::Fp8x4ToFloat(w[2 * step], f);
+    dequant_detail::Fp8x4ToFloat(w[2 * step + 1], f + 4);
+  } else if constexpr (T == DType::kINT8) {
+    dequant_detail::Int8x4ToFloat(w[2 * step], f);
+    dequant_detail::Int8x4ToFloat(w[2 * step + 1], f + 4);
+  } else {
+    static_assert(T == DType::kINT4, "not a cache dtype");
+    dequant_detail::Int4x8ToFloat(w[step], f);
+  }
+}
+
+// A token's scale entry (docs/FORMATS.md "Scales"): {scale, min} as float.
+// FP16/BF16 have none: {1, 0}. Symmetric formats: {scale, 0}. INT4: the
+// two FP16 halves of the 4-byte entry, scale first.
+struct TokenScale {
+  float scale;
+  float min;
+};
+
+template <DType T>
+__device__ __forceinline__ TokenScale LoadTokenScale(const uint8_t* entry) {
+  if constexpr (T == DType::kINT4) {
+    const uint32_t u = __ldg(reinterpret_cast<const unsigned int*>(entry));
+    const float2 sm = __half22float2(dequant_detail::AsHalf2(u));
+    return {sm.x, sm.y};
+  } else if constexpr (T == DType::kINT8 || T == DType::kFP8E4M3) {
+    const unsigned short u = __ldg(reinterpret_cast<const unsigned short*>(entry));
+    return {__half2float(__ushort_as_half(u)), 0.0f};
+  } else {
+    return {1.0f, 0.0f};
+  }
+}
+
+// The same with the dtype known at run time only (V in the decode).
+__device__ __forceinline__ TokenScale LoadTokenScale(DType t, const uint8_t* entry) {
+  switch (t) {
+    case DType::kINT4:
+      return LoadTokenScale<DType::kINT4>(entry);
+    case DType::kINT8:
+    case DType::kFP8E4M3:
+      return LoadTokenScale<DType::kINT8>(entry);
+    default:
+      return {1.0f, 0.0f};
+  }
+}
+
+}  // namespace kernels
+}  // namespace kvpage
+
+#endif  // KVPAGE_KERNELS_COMMON_DEQUANT_CUH_

@@ -1,0 +1,65 @@
+// 16-byte vector loads and the element conversions of the small FP32 /
+// FP16 / BF16 tensors a kernel reads or writes (queries, outputs). Cache
+// bytes (K, V) go through dequant.cuh instead.
+#ifndef KVPAGE_KERNELS_COMMON_VEC_CUH_
+#define KVPAGE_KERNELS_COMMON_VEC_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "src/geometry.h"
+
+namespace kvpage {
+namespace kernels {
+
+// One 16-byte load through the read-only (non-coherent) path: the cache is
+// never written while a decode reads it, and the texture path keeps the
+// lines in L1 for the next row tile. `p` must be 16-byte aligned, which every
+// K chunk row and V vector of the layouts in src/geometry.h is.
+__device__ __forceinline__ uint4 Load16(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+__device__ __forceinline__ uint4 Zero16() { return make_uint4(0u, 0u, 0u, 0u); }
+
+// Element `i` of an FP32 / FP16 / BF16 tensor as float (exact). The dtype is
+// a runtime value: these tensors are small (one query or output row per
+// thread block), so a uniform switch costs nothing next to the cache reads.
+__device__ __forceinline__ float LoadAsFloat(DType dtype, const void* base, int64_t i) {
+  switch (dtype) {
+    case DType::kFP16:
+      return __half2float(reinterpret_cast<const __half*>(base)[i]);
+    case DType::kBF16:
+      return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(base)[i]);
+    default:
+      return reinterpret_cast<const float*>(base)[i];
+  }
+}
+
+// Stores `v` as FP32 / FP16 / BF16 with round-half-to-even (16-bit overflow
+// gives +-Inf), matching StoreFromFloat of src/formats.h.
+__device__ __forceinline__ void StoreFromFloat(DType dtype, void* base, int64_t i, float v) {
+  switch (dtype) {
+    case DType::kFP16:
+      reinterpret_cast<__half*>(base)[i] = __float2half_rn(v);
+      break;
+    case DType::kBF16:
+      reinterpret_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      reinterpret_cast<float*>(base)[i] = v;
+  }
+}
+
+// Four consecutive floats of shared memory (16-byte aligned) in one load.
+__device__ __forceinline__ float4 LoadFloat4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+}  // namespace kernels
+}  // namespace kvpage
+
+#endif  // KVPAGE_KERNELS_COMMON_VEC_CUH_

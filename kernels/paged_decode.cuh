@@ -1,0 +1,791 @@
+// Paged decode attention: the split-K partition kernel and its reduce
+// (flash-decoding), after vLLM's PagedAttention v2 with one thread block
+// serving every query row of a KV head.
+//
+// Partition kernel. Grid (max_partitions, num_kv_heads, num_seqs), 128
+// threads. Block (p, h, s) covers tokens [p*P, min((p+1)*P, len)) of
+// sequence s for KV head h, and every query row of that head: rows =
+// (num_q_heads / num_kv_heads) * query_len, row r = g * query_len + i for
+// query head h * group + g and query token i. It exits at once when
+// p*P >= seq_lens[s] (read here, on the device: the launch shape never
+// depends on lengths). Rows are processed in tiles of kRowTile; for each
+// tile:
+//   1. q rows -> shared memory as FP32, times the key smoothing vector and
+//      sm_scale (or sm_scale / cap with a soft-cap), zero-padded to
+//      k_chunks * k_x channels (INT4 K with head size 80/112 has a tail).
+//   2. K: warp w takes 32- or 64-token spans w, w+4, ...; lane l holds
+//      token l (16-bit K: and l+32) of the span and walks its k_chunks
+//      16-byte rows, so each load instruction of the warp covers 32
+//      consecutive tokens (32 / block_size whole blocks, 128+ contiguous
+//      bytes per block). Codes are dequantized in registers
+//      (common/dequant.cuh) eight at a time and dotted with every row of
+//      the tile (q read from shared memory as a broadcast); the K scale is applied
+//      once per token (INT4: + min * sum(q)). No cross-lane reduction is
+//      needed. Soft-cap, ALiBi and the masks (causal per query token,
+//      sliding window, sequence end) as in CpuBackend::Decode; logits ->
+//      shared memory [rt][P].
+//   3. Softmax, one warp per row: max, p = exp(l - max), sum(p); p is
+//      stored times the token's V scale, and sum_t p_t * vmin_t (INT4 V) is
+//      kept per row, so V needs no per-element scale.
+//   4. V: the (block, KV head) V region of D x block_size codes is `vecs`
+//      16-byte vectors; a team of min(vecs, 128) threads owns one or two
+//      vector positions each (fixed channels and token segment), teams take
+//      different blocks. Each vector gives `tokens` consecutive tokens of
+//      `channels` channels (V layout [D][block]); each p value read from
+//      shared memory feeds every channel the thread holds. Accumulation in
+//      FP32 registers, segments of one channel are summed with shuffles,
+//      teams through shared memory.
+//   5. Writes partial_out (normalized by the partition's sum), partial_max,
+//      partial_sum (src/params.h layouts, indexed with shape.max_query_len
+//      and shape.max_partitions). A row with nothing visible in the
+//      partition writes max = -inf, sum = 0, out = 0.
+// K and V are each read from DRAM once per partition; with more rows than
+// kRowTile later tiles re-read them from L2/L1.
+//
+// Reduce kernel. Grid (num_q_heads, query_len, num_seqs): merges the
+// ceil(seq_len / P) partitions (read on the device) with the max trick and
+// writes out (FP32/FP16/BF16) and lse (natural log, FP32); a row with
+// nothing visible gets zeros and -inf.
+//
+// Compile-time parameters are the K dtype and head size only (they fix the
+// K inner loop); V dtype, block size, GQA group and query_len are run-time
+// values (V: a block-uniform switch among 9 vector shapes).
+#ifndef KVPAGE_KERNELS_PAGED_DECODE_CUH_
+#define KVPAGE_KERNELS_PAGED_DECODE_CUH_
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/dequant.cuh"
+#include "kernels/common/reduce.cuh"
+#include "kernels/common/vec.cuh"
+#include "src/geometry.h"
+#include "src/params.h"
+
+namespace kvpage {
+namespace kernels {
+namespace decode {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowTile = 8;  // query rows per pass over the partition
+constexpr int kReduceThreads = 128;
+
+// The instantiated head sizes (one place; the K dtypes are the
+// decode_<dtype>.cu translation units, dispatched in decode_dispatch.cu).
+#define KVPAGE_DECODE_FOR_EACH_HEAD_SIZE(X, KT) \
+  X(KT, 64) X(KT, 80) X(KT, 96) X(KT, 112) X(KT, 128) X(KT, 256)
+
+// How the V phase maps 16-byte vectors of a (block, KV head) V region
+// ([D][block_size] codes) to threads.
+struct VMapping {
+  int elems;     // codes per vector: 8 (16-bit), 16 (8-bit), 32 (INT4)
+  int tokens;    // consecutive tokens of one channel in a vector
+  int channels;  // channels in a vector (elems / tokens)
+  int segs;      // vectors per channel row (block_size / tokens)
+  int vecs;      // vectors per (block, KV head)
+  int team;      // threads per team: min(vecs, kThreads)
+  int teams;     // teams, each on different blocks
+};
+
+KVP_HOST_DEVICE constexpr VMapping MakeVMapping(const CacheGeometry& g) {
+  VMapping m{};
+  m.elems = 128 / g.v_bits();
+  m.tokens = g.block_size < m.elems ? g.block_size : m.elems;
+  m.channels = m.elems / m.tokens;
+  m.segs = g.block_size / m.tokens;
+  m.vecs = g.head_size * g.block_size * g.v_bits() / 128;
+  m.team = m.vecs < kThreads ? m.vecs : kThreads;
+  m.teams = kThreads / m.team;
+  return m;
+}
+
+// Dynamic shared memory of the partition kernel, in 4-byte words; every
+// region starts at a 16-byte boundary (float4 reads).
+struct SmemLayout {
+  int rt;  // rows per tile: min(rows, kRowTile)
+  int kd;  // padded q row: k_chunks * k_x
+  int q, qsum, row_pos, row_lo, row_slope, row_max, row_sum, row_pm;
+  int blk, vscale, vmin, logits, vred;
+  int total;
+};
+
+KVP_HOST_DEVICE constexpr int AlignWords(int n) { return (n + 3) / 4 * 4; }
+
+KVP_HOST_DEVICE constexpr SmemLayout MakeSmemLayout(const CacheGeometry& g, int rows,
+                                                    int partition_size) {
+  SmemLayout s{};
+  s.rt = rows < kRowTile ? rows : kRowTile;
+  s.kd = g.k_chunks() * g.k_x();
+  int o = 0;
+  s.q = o;
+  o += s.rt * s.kd;            // q tile, FP32
+  s.qsum = o;
+  o += kRowTile;               // sum of each q row (INT4 K min term)
+  s.row_pos = o;
+  o += kRowTile;               // each row's query position (int)
+  s.row_lo = o;
+  o += kRowTile;               // first visible token (int)
+  s.row_slope = o;
+  o += kRowTile;               // ALiBi slope
+  s.row_max = o;
+  o += kRowTile;
+  s.row_sum = o;
+  o += kRowTile;
+  s.row_pm = o;
+  o += kRowTile;               // sum_t p_t * vmin_t
+  s.blk = o;
+  o += AlignWords(partition_size / g.block_size);  // physical block ids
+  s.vscale = o;
+  o += partition_size;         // V scale per token (1 for FP16/BF16)
+  s.vmin = o;
+  o += partition_size;         // V min per token (INT4), else 0
+  s.logits = o;
+  o += s.rt * partition_size;  // logits, then p * vscale
+  s.vred = o;
+  o += MakeVMapping(g).teams * s.rt * g.head_size;  // V partial sums per team
+  s.total = o;
+  return s;
+}
+
+// Everything the phases of one partition share.
+struct PartitionState {
+  int seq, kvh, part;
+  int len;      // seq_lens[seq]
+  int start;    // first token of the partition
+  int n_valid;  // tokens of the partition < len
+  int nblk;     // cache blocks the partition touches
+  int P;        // partition size
+  int group, rows;
+  SmemLayout lay;
+};
+
+__device__ __forceinline__ float* SharedWords() {
+  extern __shared__ float4 kvpage_decode_smem[];
+  return reinterpret_cast<float*>(kvpage_decode_smem);
+}
+
+// ---- Phase 2: K ---------------------------------------------------------
+
+// acc + dot(q[0..8), f[0..8)) with q as two float4.
+__device__ __forceinline__ float Dot8(const float4& a, const float4& b, const float (&f)[8],
+                                      float acc) {
+  acc = fmaf(a.x, f[0], acc);
+  acc = fmaf(a.y, f[1], acc);
+  acc = fmaf(a.z, f[2], acc);
+  acc = fmaf(a.w, f[3], acc);
+  acc = fmaf(b.x, f[4], acc);
+  acc = fmaf(b.y, f[5], acc);
+  acc = fmaf(b.z, f[6], acc);
+  acc = fmaf(b.w, f[7], acc);
+  return acc;
+}
+
+// Warp w takes spans of 32 * kLaneTokens tokens w, w + 4, ...; lane l holds
+// tokens l (and l + 32) of the span, so each load instruction of the warp
+// covers 32 consecutive tokens: 32 / block_size whole blocks, 16 bytes per
+// token. With 16-bit K a lane holds two tokens, so that each q value read
+// from shared memory (a broadcast) feeds two tokens; 8- and 4-bit K spend
+// their registers on dequantization instead (one token, 4 chunks in flight).
+template <DType KT, int D>
+__device__ __forceinline__ void LogitsPhase(const DecodeParams& p, const PartitionState& st,
+                                            int rt) {
+  constexpr int kX = kElems<KT>;
+  constexpr int kChunks = (D + kX - 1) / kX;
+  constexpr int kSteps = kX / 8;  // 8-code steps per 16-byte chunk
+  constexpr int kLaneTokens = kX == 8 ? 2 : 1;
+  constexpr int kSpanTokens = 32 * kLaneTokens;
+  // Chunks loaded before use per token: 4..8 loads of 16 bytes in flight
+  // per lane.
+  constexpr int kBatch = 4;
+  const CacheGeometry& g = p.geo;
+  float* smem = SharedWords();
+  const float* q_s = smem + st.lay.q;
+  const float* qsum_s = smem + st.lay.qsum;
+  const int* pos_s = reinterpret_cast<const int*>(smem + st.lay.row_pos);
+  const int* lo_s = reinterpret_cast<const int*>(smem + st.lay.row_lo);
+  const float* slope_s = smem + st.lay.row_slope;
+  const int* blk_s = reinterpret_cast<const int*>(smem + st.lay.blk);
+  float* logits_s = smem + st.lay.logits;
+  const int kd = st.lay.kd;
+
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int bs = g.block_size;
+  const int64_t chunk_stride = g.k_chunk_stride();
+  const uint8_t* k_head = p.layer + g.k_data_offset() + int64_t{st.kvh} * g.k_head_stride();
+  const uint8_t* ks_head =
+      p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride();
+  const float cap = p.logits_soft_cap;
+  const bool alibi = p.alibi_slopes != nullptr;
+
+  for (int span = warp; span * kSpanTokens < st.n_valid; span += kWarps) {
+    int slot[kLaneTokens];
+    bool valid[kLaneTokens];
+    const uint8_t* kp[kLaneTokens];
+    TokenScale ks[kLaneTokens];
+#pragma unroll
+    for (int k = 0; k < kLaneTokens; ++k) {
+      slot[k] = span * kSpanTokens + k * 32 + lane;  // token within the partition
+      valid[k] = slot[k] < st.n_valid;
+      kp[k] = k_head;
+      ks[k] = {1.0f, 0.0f};
+      if (valid[k]) {
+        const int b = slot[k] / bs;  // partitions start on block boundaries
+        const int off = slot[k] - b * bs;
+        const int64_t blk = blk_s[b];
+        kp[k] = k_head + blk * g.k_block_stride() + off * 16;
+        if constexpr (IsQuantized(KT)) {
+          ks[k] = LoadTokenScale<KT>(ks_head + blk * g.k_scale_block_stride() +
+                                     off * g.k_scale_entry_bytes());
+        }
+      }
+    }
+    float acc[kRowTile][kLaneTokens];
+#pragma unroll
+    for (int r = 0; r < kRowTile; ++r) {
+#pragma unroll
+      for (int k = 0; k < kLaneTokens; ++k) acc[r][k] = 0.0f;
+    }
+
+#pragma unroll 1
+    for (int c0 = 0; c0 < kChunks; c0 += kBatch) {
+      uint4 raw[kBatch][kLaneTokens];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const bool in = (kChunks % kBatch == 0 || c0 + j < kChunks);
+#pragma unroll
+        for (int k = 0; k < kLaneTokens; ++k) {
+          raw[j][k] = (valid[k] && in) ? Load16(kp[k] + (c0 + j) * chunk_stride) : Zero16();
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (kChunks % kBatch != 0 && c0 + j >= kChunks) break;
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+          float f[kLaneTokens][8];
+#pragma unroll
+          for (int k = 0; k < kLaneTokens; ++k) DequantCodes8<KT>(raw[j][k], s, f[k]);
+          const float* qc = q_s + (c0 + j) * kX + s * 8;
+#pragma unroll
+          for (int r = 0; r < kRowTile; ++r) {
+            if (r < rt) {
+              const float4 qa = LoadFloat4(qc + r * kd);
+              const float4 qb = LoadFloat4(qc + r * kd + 4);
+#pragma unroll
+              for (int k = 0; k < kLaneTokens; ++k) acc[r][k] = Dot8(qa, qb, f[k], acc[r][k]);
+            }
+          }
+        }
+      }
+    }
+
+#pragma unroll
+    for (int k = 0; k < kLaneTokens; ++k) {
+      if (!valid[k]) continue;
+      const int t = st.start + slot[k];
+#pragma unroll
+      for (int r = 0; r < kRowTile; ++r) {
+        if (r < rt) {
+          float l = acc[r][k] * ks[k].scale;
+          if constexpr (KT == DType::kINT4) l = fmaf(ks[k].min, qsum_s[r], l);
+          if (cap > 0.0f) l = cap * tanhf(l);  // q carries sm_scale / cap
+          const int pos = pos_s[r];
+          if (alibi) l = fmaf(slope_s[r], static_cast<float>(t - pos), l);
+          const bool visible = t >= lo_s[r] && t <= pos;
+          logits_s[r * st.P + slot[k]] = visible ? l : -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// ---- Phase 3: softmax ---------------------------------------------------
+
+// One warp per row: max over the visible logits, p = exp(l - max) times the
+// token's V scale back into the logits row, the row's sum(p) and
+// sum(p * vmin). Slots past the sequence end (up to the end of the last
+// block) get p = 0, so the V phase may read them.
+__device__ __forceinline__ void SoftmaxPhase(const PartitionState& st, int rt, int bs) {
+  float* smem = SharedWords();
+  const float* vscale_s = smem + st.lay.vscale;
+  const float* vmin_s = smem + st.lay.vmin;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int slots = st.nblk * bs;
+  for (int r = warp; r < rt; r += kWarps) {
+    float* lr = smem + st.lay.logits + r * st.P;
+    float m = -INFINITY;
+    for (int j = lane; j < st.n_valid; j += 32) m = fmaxf(m, lr[j]);
+    m = WarpReduceMax(m);
+    float sum = 0.0f, pm = 0.0f;
+    for (int j = lane; j < slots; j += 32) {
+      // m == -inf: nothing visible in this partition for this row.
+      const float e = (j < st.n_valid && m != -INFINITY) ? __expf(lr[j] - m) : 0.0f;
+      sum += e;
+      pm = fmaf(e, vmin_s[j], pm);
+      lr[j] = e * vscale_s[j];
+    }
+    sum = WarpReduceSum(sum);
+    pm = WarpReduceSum(pm);
+    if (lane == 0) {
+      smem[st.lay.row_max + r] = m;
+      smem[st.lay.row_sum + r] = sum;
+      smem[st.lay.row_pm + r] = pm;
+    }
+  }
+}
+
+// ---- Phase 4: V ---------------------------------------------------------
+
+struct VPhaseArgs {
+  const uint8_t* v_head;   // the layer's V data + kvh * v_head_stride
+  int64_t v_block_stride;
+  int P, bs, nblk, n_valid, rt, head_size;
+  int blk, logits, vred;   // shared memory offsets (words)
+  VMapping vm;
+};
+
+// Accumulates sum_t p'[r][t] * code[t][d] for the tile's rows into
+// vred[team][r][d]. kTok = vm.tokens (a vector holds kTok consecutive
+// tokens of kElems / kTok channels). Each p value read from shared memory
+// feeds every channel the thread holds: the kCh channels of its vector,
+// or (kCh == 1) the vectors of two positions with the same token segment.
+// Not inlined: one copy per V shape serves all head sizes of a translation
+// unit (compile time).
+template <DType VT, int kTok>
+__device__ __forceinline__ void ValuePhase(const VPhaseArgs a) {
+  constexpr int kE = kElems<VT>;
+  constexpr int kCh = kE / kTok;
+  constexpr int kPos = kCh == 1 ? 2 : 1;     // positions per thread at once
+  constexpr int kOct = kTok / 8;             // 8-token groups per channel
+  constexpr int kUnroll = 4;                 // blocks loaded before use
+  float* smem = SharedWords();
+  const int* blk_s = reinterpret_cast<const int*>(smem + a.blk);
+  const int tid = threadIdx.x;
+  const int team = tid / a.vm.team;
+  const int tpos = tid - team * a.vm.team;
+  const bool in_team = team < a.vm.teams;
+
+  for (int pos0 = 0; pos0 < a.vm.vecs; pos0 += kPos * a.vm.team) {  // block-uniform
+    // Whether a second position exists for anyone (block-uniform): when not,
+    // its multiply-adds are skipped rather than run on zeros.
+    const bool two = kPos == 2 && pos0 + a.vm.team < a.vm.vecs;
+    int pos[kPos];
+    bool act[kPos];
+#pragma unroll
+    for (int k = 0; k < kPos; ++k) {
+      pos[k] = pos0 + tpos + k * a.vm.team;  // vector position in the (block, head) region
+      act[k] = in_team && pos[k] < a.vm.vecs;
+    }
+    // team is a multiple of segs, so both positions share one token segment.
+    const int seg = pos[0] % a.vm.segs;
+    const int tok0 = seg * kTok;
+    float acc[kRowTile][kPos][kCh];
+#pragma unroll
+    for (int r = 0; r < kRowTile; ++r) {
+#pragma unroll
+      for (int k = 0; k < kPos; ++k) {
+#pragma unroll
+        for (int c = 0; c < kCh; ++c) acc[r][k][c] = 0.0f;
+      }
+    }
+    if (act[0]) {
+      for (int b0 = team; b0 < a.nblk; b0 += kUnroll * a.vm.teams) {
+        uint4 raw[kUnroll][kPos];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int b = b0 + u * a.vm.teams;
+          const uint8_t* vb =
+              b < a.nblk ? a.v_head + blk_s[b] * a.v_block_stride : a.v_head;
+#pragma unroll
+          for (int k = 0; k < kPos; ++k) {
+            raw[u][k] = (b < a.nblk && act[k]) ? Load16(vb + int64_t{pos[k]} * 16) : Zero16();
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int b = b0 + u * a.vm.teams;
+          if (b >= a.nblk) break;
+          const int slot0 = b * a.bs + tok0;
+          const bool tail = slot0 + kTok > a.n_valid;
+#pragma unroll
+          for (int o = 0; o < kOct; ++o) {
+            float f[kPos][kCh][8];
+#pragma unroll
+            for (int k = 0; k < kPos; ++k) {
+#pragma unroll
+              for (int c = 0; c < kCh; ++c) {
+                DequantCodes8<VT>(raw[u][k], (c * kTok + o * 8) / 8, f[k][c]);
+                if (tail) {
+                  // Tokens past the sequence end hold stale bytes (possibly
+                  // NaN patterns) and p = 0 there: 0 * NaN must not reach acc.
+#pragma unroll
+                  for (int e = 0; e < 8; ++e) {
+                    if (slot0 + o * 8 + e >= a.n_valid) f[k][c][e] = 0.0f;
+                  }
+                }
+              }
+            }
+            const float* pt = smem + a.logits + slot0 + o * 8;
+#pragma unroll
+            for (int r = 0; r < kRowTile; ++r) {
+              if (r < a.rt) {
+                const float4 pa = LoadFloat4(pt + r * a.P);
+                const float4 pb = LoadFloat4(pt + r * a.P + 4);
+#pragma unroll
+                for (int k = 0; k < kPos; ++k) {
+                  if (k == 0 || two) {
+#pragma unroll
+                    for (int c = 0; c < kCh; ++c) acc[r][k][c] = Dot8(pa, pb, f[k][c], acc[r][k][c]);
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    // The segments of one channel row sit in adjacent lanes (team sizes are
+    // multiples of segs, segs <= 4 divides 32): butterfly over them.
+    if (kCh == 1 && a.vm.segs > 1) {
+#pragma unroll
+      for (int r = 0; r < kRowTile; ++r) {
+        if (r < a.rt) {
+#pragma unroll
+          for (int k = 0; k < kPos; ++k) {
+            if (k == 0 || two) {
+              for (int off = 1; off < a.vm.segs; off *= 2) {
+                acc[r][k][0] += __shfl_xor_sync(kFullMask, acc[r][k][0], off);
+              }
+            }
+          }
+        }
+      }
+    }
+    if (seg == 0) {
+#pragma unroll
+      for (int k = 0; k < kPos; ++k) {
+        if (!act[k]) continue;
+        float* out = smem + a.vred + team * a.rt * a.head_size + (pos[k] / a.vm.segs) * kCh;
+#pragma unroll
+        for (int r = 0; r < kRowTile; ++r) {
+          if (r < a.rt) {
+#pragma unroll
+            for (int c = 0; c < kCh; ++c) out[r * a.head_size + c] = acc[r][k][c];
+          }
+        }
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void DispatchValuePhase(DType v_dtype, const VPhaseArgs& a) {
+  switch (v_dtype) {
+    case DType::kBF16:
+      ValuePhase<DType::kBF16, 8>(a);
+      break;
+    case DType::kFP16:
+      ValuePhase<DType::kFP16, 8>(a);
+      break;
+    case DType::kFP8E4M3:
+      if (a.vm.tokens == 8) {
+        ValuePhase<DType::kFP8E4M3, 8>(a);
+      } else {
+        ValuePhase<DType::kFP8E4M3, 16>(a);
+      }
+      break;
+    case DType::kINT8:
+      if (a.vm.tokens == 8) {
+        ValuePhase<DType::kINT8, 8>(a);
+      } else {
+        ValuePhase<DType::kINT8, 16>(a);
+      }
+      break;
+    default:  // INT4
+      if (a.vm.tokens == 8) {
+        ValuePhase<DType::kINT4, 8>(a);
+      } else if (a.vm.tokens == 16) {
+        ValuePhase<DType::kINT4, 16>(a);
+      } else {
+        ValuePhase<DType::kINT4, 32>(a);
+      }
+  }
+}
+
+// ---- The partition kernel -----------------------------------------------
+
+// 4 blocks (16 warps) per SM: at most 128 registers a thread.
+constexpr int kMinBlocksPerSm = 4;
+
+template <DType KT, int D>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    PartitionKernel(const __grid_constant__ DecodeParams p,
+                    const __grid_constant__ DecodeShape shape,
+                    const __grid_constant__ DecodeWorkspace ws) {
+  const CacheGeometry& g = p.geo;
+  PartitionState st;
+  st.part = blockIdx.x;
+  st.kvh = blockIdx.y;
+  st.seq = blockIdx.z;
+  st.len = p.seq_lens[st.seq];
+  st.P = shape.partition_size;
+  st.start = st.part * st.P;
+  if (st.start >= st.len) return;  // past this sequence's end: nothing to do
+  const int bs = g.block_size;
+  st.n_valid = min(st.P, st.len - st.start);
+  st.nblk = (st.n_valid + bs - 1) / bs;
+  st.group = p.num_q_heads / g.num_kv_heads;
+  st.rows = st.group * p.query_len;
+  st.lay = MakeSmemLayout(g, st.rows, st.P);
+  float* smem = SharedWords();
+  const int tid = threadIdx.x;
+  const int qlen = p.query_len;
+
+  // The partition's block ids and V scales, shared by every row tile.
+  {
+    const int32_t* table = p.block_table + int64_t{st.seq} * p.block_table_stride +
+                           st.start / bs;
+    int* blk_s = reinterpret_cast<int*>(smem + st.lay.blk);
+    for (int b = tid; b < st.nblk; b += kThreads) blk_s[b] = __ldg(table + b);
+    const uint8_t* vs_head =
+        p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride();
+    const int entry = g.v_scale_entry_bytes();
+    for (int j = tid; j < st.nblk * bs; j += kThreads) {
+      TokenScale s{1.0f, 0.0f};
+      if (j >= st.n_valid) {
+        s = {0.0f, 0.0f};
+      } else if (entry != 0) {
+        const int b = j / bs;
+        const int off = j - b * bs;
+        s = LoadTokenScale(g.v_dtype, vs_head + int64_t{__ldg(table + b)} * g.v_scale_block_stride() +
+                                          off * entry);
+      }
+      smem[st.lay.vscale + j] = s.scale;
+      smem[st.lay.vmin + j] = s.min;
+    }
+  }
+
+  // With a soft-cap the scaled logit is divided by cap before tanh: fold
+  // both into q. ALiBi is added after the cap (CpuBackend::Decode).
+  const float q_scale =
+      p.logits_soft_cap > 0.0f ? p.sm_scale / p.logits_soft_cap : p.sm_scale;
+  const int kd = st.lay.kd;
+  const VMapping vm = MakeVMapping(g);
+
+  for (int r0 = 0; r0 < st.rows; r0 += kRowTile) {
+    const int rt = min(kRowTile, st.rows - r0);
+    __syncthreads();  // the previous tile is done with shared memory
+
+    // Phase 1: q rows of the tile, their positions, windows and slopes.
+    for (int idx = tid; idx < rt * kd; idx += kThreads) {
+      const int r = idx / kd;
+      const int d = idx - r * kd;
+      const int row = r0 + r;
+      const int gi = row / qlen;
+      const int i = row - gi * qlen;
+      const int h = st.kvh * st.group + gi;
+      float v = 0.0f;
+      if (d < D) {
+        v = LoadAsFloat(p.q_dtype, p.q,
+                        (int64_t{st.seq} * qlen + i) * p.q_stride + int64_t{h} * D + d);
+        if (p.key_smoothing != nullptr) v *= p.key_smoothing[int64_t{st.kvh} * D + d];
+        v *= q_scale;
+      }
+      smem[st.lay.q + idx] = v;
+    }
+    if (tid < rt) {
+      const int row = r0 + tid;
+      const int gi = row / qlen;
+      const int i = row - gi * qlen;
+      const int pos = st.len - qlen + i;
+      const int lo = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+      reinterpret_cast<int*>(smem + st.lay.row_pos)[tid] = pos;
+      reinterpret_cast<int*>(smem + st.lay.row_lo)[tid] = lo;
+      smem[st.lay.row_slope + tid] =
+          p.alibi_slopes != nullptr ? p.alibi_slopes[st.kvh * st.group + gi] : 0.0f;
+    }
+    __syncthreads();
+    if constexpr (KT == DType::kINT4) {
+      // sum(q) over the real channels, for the min term of INT4 K.
+      const int lane = tid % 32;
+      for (int r = tid / 32; r < rt; r += kWarps) {
+        float s = 0.0f;
+        for (int d = lane; d < D; d += 32) s += smem[st.lay.q + r * kd + d];
+        s = WarpReduceSum(s);
+        if (lane == 0) smem[st.lay.qsum + r] = s;
+      }
+      __syncthreads();
+    }
+
+    LogitsPhase<KT, D>(p, st, rt);
+    __syncthreads();
+    SoftmaxPhase(st, rt, bs);
+    __syncthreads();
+
+    VPhaseArgs va;
+    va.v_head = p.layer + g.v_data_offset() + int64_t{st.kvh} * g.v_head_stride();
+    va.v_block_stride = g.v_block_stride();
+    va.P = st.P;
+    va.bs = bs;
+    va.nblk = st.nblk;
+    va.n_valid = st.n_valid;
+    va.rt = rt;
+    va.head_size = D;
+    va.blk = st.lay.blk;
+    va.logits = st.lay.logits;
+    va.vred = st.lay.vred;
+    va.vm = vm;
+    DispatchValuePhase(g.v_dtype, va);
+    __syncthreads();
+
+    // Phase 5: merge the teams, normalize, write the partials.
+    for (int idx = tid; idx < rt * D; idx += kThreads) {
+      const int r = idx / D;
+      const int d = idx - r * D;
+      float s = 0.0f;
+      for (int t = 0; t < vm.teams; ++t) s += smem[st.lay.vred + (t * rt + r) * D + d];
+      const float sum = smem[st.lay.row_sum + r];
+      const float o = sum > 0.0f ? (s + smem[st.lay.row_pm + r]) / sum : 0.0f;
+      const int row = r0 + r;
+      const int gi = row / qlen;
+      const int i = row - gi * qlen;
+      const int h = st.kvh * st.group + gi;
+      const int64_t base =
+          ((int64_t{st.seq} * shape.max_query_len + i) * p.num_q_heads + h) *
+              shape.max_partitions + st.part;
+      ws.partial_out[base * D + d] = o;
+      if (d == 0) {
+        ws.partial_max[base] = smem[st.lay.row_max + r];
+        ws.partial_sum[base] = sum;
+      }
+    }
+  }
+}
+
+// ---- The reduce kernel --------------------------------------------------
+
+// Grid (num_q_heads, query_len, num_seqs). Templated only so that it is
+// instantiated in the one translation unit that launches it.
+template <int kBlock>
+__global__ void __launch_bounds__(kBlock)
+    ReduceKernel(const __grid_constant__ DecodeParams p,
+                 const __grid_constant__ DecodeShape shape,
+                 const __grid_constant__ DecodeWorkspace ws) {
+  constexpr int kChunk = 256;       // partition weights staged at a time
+  constexpr int kPerThread = 256 / kBlock;  // channels per thread (D <= 256)
+  __shared__ typename BlockReducer<kBlock>::Storage red;
+  __shared__ float w_s[kChunk];
+  const int h = blockIdx.x;
+  const int i = blockIdx.y;
+  const int s = blockIdx.z;
+  const int D = p.geo.head_size;
+  const int tid = threadIdx.x;
+  const int len = p.seq_lens[s];
+  const int P = shape.partition_size;
+  const int nparts = len > 0 ? min((len + P - 1) / P, shape.max_partitions) : 0;
+  const int64_t base =
+      ((int64_t{s} * shape.max_query_len + i) * p.num_q_heads + h) * shape.max_partitions;
+
+  float m = -INFINITY;
+  for (int j = tid; j < nparts; j += kBlock) m = fmaxf(m, ws.partial_max[base + j]);
+  m = BlockReducer<kBlock>::Max(red, m);
+
+  float acc[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) acc[k] = 0.0f;
+  float wsum = 0.0f;
+  for (int c0 = 0; c0 < nparts; c0 += kChunk) {
+    const int n = min(kChunk, nparts - c0);
+    __syncthreads();  // w_s of the previous chunk is consumed
+    for (int j = tid; j < n; j += kBlock) {
+      const float pm = ws.partial_max[base + c0 + j];
+      // A partition with nothing visible for this row has max -inf, sum 0.
+      const float w = pm == -INFINITY ? 0.0f : ws.partial_sum[base + c0 + j] * __expf(pm - m);
+      w_s[j] = w;
+      wsum += w;
+    }
+    __syncthreads();
+    const float* po = ws.partial_out + (base + c0) * D;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int d = tid + k * kBlock;
+      if (d < D) {
+        float a = acc[k];
+        for (int j = 0; j < n; ++j) a = fmaf(w_s[j], po[int64_t{j} * D + d], a);
+        acc[k] = a;
+      }
+    }
+  }
+  const float total = BlockReducer<kBlock>::Sum(red, wsum);
+  // total >= 1 whenever anything was visible (the partition holding the
+  // maximum contributes exp(0) * sum >= 1).
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  const int64_t row = int64_t{s} * p.query_len + i;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int d = tid + k * kBlock;
+    if (d < D) StoreFromFloat(p.out_dtype, p.out, row * p.out_stride + int64_t{h} * D + d, acc[k] * inv);
+  }
+  if (p.lse != nullptr && tid == 0) {
+    p.lse[row * p.num_q_heads + h] = total > 0.0f ? m + logf(total) : -INFINITY;
+  }
+}
+
+// ---- Host side ----------------------------------------------------------
+
+// Raises a kernel's dynamic shared memory limit to `bytes` when it exceeds
+// the default 48 KiB: once per (kernel, device, size increase), a host-side
+// attribute set, no synchronization.
+inline int EnsureDynamicSmem(const void* kernel, size_t bytes, std::atomic<size_t>* configured,
+                             int max_devices) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  std::atomic<size_t>* slot = dev < max_devices ? &configured[dev] : nullptr;
+  if (slot != nullptr && slot->load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes));
+  if (err != cudaSuccess) return err;
+  if (slot != nullptr) {
+    size_t cur = slot->load(std::memory_order_relaxed);
+    while (cur < bytes && !slot->compare_exchange_weak(cur, bytes)) {
+    }
+  }
+  return cudaSuccess;
+}
+
+// Launches the partition kernel for (KT, D). Defined here, explicitly
+// instantiated in decode_<dtype>.cu, declared extern in decode_dispatch.cu.
+template <DType KT, int D>
+int LaunchPartitionKernel(const DecodeParams& p, const DecodeShape& shape,
+                          const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<size_t> configured[kMaxDevices];
+  const void* fn = reinterpret_cast<const void*>(&PartitionKernel<KT, D>);
+  const int err = EnsureDynamicSmem(fn, smem_bytes, configured, kMaxDevices);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(shape.max_partitions),
+                  static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.num_seqs));
+  PartitionKernel<KT, D><<<grid, kThreads, smem_bytes, stream>>>(p, shape, ws);
+  return cudaGetLastError();
+}
+
+#define KVPAGE_DECODE_INSTANTIATE(KT, D)                                              \
+  template int LaunchPartitionKernel<KT, D>(const DecodeParams&, const DecodeShape&,  \
+                                            const DecodeWorkspace&, size_t, cudaStream_t);
+#define KVPAGE_DECODE_DECLARE_EXTERN(KT, D)                                                  \
+  extern template int LaunchPartitionKernel<KT, D>(const DecodeParams&, const DecodeShape&,  \
+                                                   const DecodeWorkspace&, size_t, cudaStream_t);
+
+}  // namespace decode
+}  // namespace kernels
+}  // namespace kvpage
+
+#endif  // KVPAGE_KERNELS_PAGED_DECODE_CUH_

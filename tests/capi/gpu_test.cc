@@ -1,0 +1,660 @@
+// The CUDA backend through the C API, against the CPU backend: the same
+// writes give the same cache bytes; decodes agree within the tolerance
+// below; one captured CUDA graph serves batches of different lengths,
+// tables and sizes; copy-on-write, swaps and the caller's current device.
+// Every test skips itself where no GPU is present.
+//
+// Decode tolerance: the CPU backend computes in double and rounds once; the
+// kernel dequantizes exactly (every code * FP16 scale product is exact in
+// FP32) and accumulates in FP32, so their difference is FP32 rounding
+// (~1e-6 relative) plus one rounding of the output dtype each:
+//   |gpu - cpu| <= 2 ulp(out dtype) * |cpu| + 1e-3 * max|cpu row| ... with
+// the row term covering sums that cancel. LSE within 1e-3 absolute.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "include/kvpage/kvpage.h"
+#include "tests/common/reference.h"
+
+#if KVPAGE_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace kvpage {
+namespace testing {
+namespace {
+
+#if KVPAGE_HAVE_CUDA
+
+#define ASSERT_OK(expr)                        \
+  do {                                         \
+    std::string kvp_err_ = TakeError(expr);    \
+    ASSERT_TRUE(kvp_err_.empty()) << kvp_err_; \
+  } while (0)
+#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+int GpuCount() {
+  int32_t n = 0;
+  TakeError(kvp_device_count(KVP_DEVICE_CUDA, &n));
+  return n;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (GpuCount() == 0) GTEST_SKIP() << "no CUDA device present"
+
+// A device buffer holding a copy of a host vector.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(const std::vector<T>& host) { Assign(host); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void Assign(const std::vector<T>& host) {
+    if (host.size() > size_) {
+      cudaFree(ptr_);
+      cudaMalloc(&ptr_, std::max<size_t>(host.size(), 1) * sizeof(T));
+      size_ = host.size();
+    }
+    cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  // Assign without synchronizing the host (for graph replays on a stream).
+  T* get() const { return ptr_; }
+  std::vector<T> Read(size_t n) const {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), ptr_, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct Geometry {
+  int k_dtype = KVP_DTYPE_INT8, v_dtype = KVP_DTYPE_INT8;
+  int head_size = 128, block_size = 16, num_kv_heads = 2, num_layers = 2, num_blocks = 64;
+  bool smoothing = false;
+};
+
+// A CPU cache and a CUDA cache of the same geometry, fed the same inputs.
+class Twins {
+ public:
+  Twins(const Geometry& g, Rng& rng) : g_(g) {
+    kvp_cache_config cfg;
+    kvp_cache_config_init(&cfg);
+    cfg.num_layers = g.num_layers;
+    cfg.num_blocks = g.num_blocks;
+    cfg.block_size = g.block_size;
+    cfg.num_kv_heads = g.num_kv_heads;
+    cfg.head_size = g.head_size;
+    cfg.k_dtype = g.k_dtype;
+    cfg.v_dtype = g.v_dtype;
+    if (g.smoothing) {
+      for (int i = 0; i < g.num_kv_heads * g.head_size; ++i) {
+        smoothing_.push_back(std::exp(rng.normal(0.7f)));
+      }
+      cfg.key_smoothing = smoothing_.data();
+    }
+    error_ = TakeError(kvp_cache_create(&cfg, &cpu_));
+    cfg.device_kind = KVP_DEVICE_CUDA;
+    if (error_.empty()) error_ = TakeError(kvp_cache_create(&cfg, &gpu_));
+  }
+  ~Twins() {
+    kvp_cache_destroy(cpu_);
+    kvp_cache_destroy(gpu_);
+  }
+  const std::string& error() const { return error_; }
+  kvp_cache* cpu() const { return cpu_; }
+  kvp_cache* gpu() const { return gpu_; }
+  int64_t token_elems() const { return int64_t(g_.num_kv_heads) * g_.head_size; }
+
+  // Writes the same tokens into both caches.
+  std::string Write(int layer, int input_dtype, const std::vector<int64_t>& slots,
+                    const std::vector<float>& k, const std::vector<float>& v) {
+    std::vector<uint8_t> kb, vb;
+    StoreElements(input_dtype, k, &kb);
+    StoreElements(input_dtype, v, &vb);
+    kvp_write_args a;
+    kvp_write_args_init(&a);
+    a.layer = layer;
+    a.num_tokens = static_cast<int32_t>(slots.size());
+    a.input_dtype = input_dtype;
+    a.key = kb.data();
+    a.value = vb.data();
+    a.slot_mapping = slots.data();
+    std::string err = TakeError(kvp_cache_write(cpu_, &a, nullptr));
+    if (!err.empty()) return "cpu: " + err;
+    DeviceBuffer<uint8_t> dk(kb), dv(vb);
+    DeviceBuffer<int64_t> ds(slots);
+    a.key = dk.get();
+    a.value = dv.get();
+    a.slot_mapping = ds.get();
+    err = TakeError(kvp_cache_write(gpu_, &a, nullptr));
+    cudaDeviceSynchronize();
+    return err.empty() ? "" : "gpu: " + err;
+  }
+
+  // Every byte of both caches' layers must agree.
+  void ExpectSameBytes() const {
+    for (int l = 0; l < g_.num_layers; ++l) {
+      kvp_layer_layout a, b;
+      kvp_layer_layout_init(&a);
+      kvp_layer_layout_init(&b);
+      ASSERT_OK(kvp_cache_get_layout(cpu_, l, &a));
+      ASSERT_OK(kvp_cache_get_layout(gpu_, l, &b));
+      const struct { const char* name; const void* h; const void* d; int64_t n; } regions[] = {
+          {"K data", a.k_data, b.k_data, a.k_data_bytes},
+          {"V data", a.v_data, b.v_data, a.v_data_bytes},
+          {"K scales", a.k_scales, b.k_scales, a.k_scale_bytes},
+          {"V scales", a.v_scales, b.v_scales, a.v_scale_bytes}};
+      for (const auto& r : regions) {
+        if (r.n == 0) continue;
+        std::vector<uint8_t> d(r.n);
+        ASSERT_CUDA(cudaMemcpy(d.data(), r.d, r.n, cudaMemcpyDeviceToHost));
+        const auto* h = static_cast<const uint8_t*>(r.h);
+        const auto mismatch = std::mismatch(d.begin(), d.end(), h);
+        ASSERT_TRUE(mismatch.first == d.end())
+            << "layer " << l << " " << r.name << ": first difference at byte "
+            << (mismatch.first - d.begin()) << " of " << r.n << ": gpu "
+            << int(*mismatch.first) << ", cpu " << int(*mismatch.second);
+      }
+    }
+    kvp_write_stats sa, sb;
+    kvp_write_stats_init(&sa);
+    kvp_write_stats_init(&sb);
+    ASSERT_OK(kvp_cache_get_write_stats(cpu_, &sa));
+    ASSERT_OK(kvp_cache_get_write_stats(gpu_, &sb));
+    EXPECT_EQ(sa.non_finite, sb.non_finite);
+    EXPECT_EQ(sa.saturated, sb.saturated);
+  }
+
+ private:
+  Geometry g_;
+  std::vector<float> smoothing_;
+  kvp_cache* cpu_ = nullptr;
+  kvp_cache* gpu_ = nullptr;
+  std::string error_;
+};
+
+constexpr int kKvDtypes[] = {KVP_DTYPE_FP16, KVP_DTYPE_BF16, KVP_DTYPE_FP8_E4M3, KVP_DTYPE_INT8,
+                             KVP_DTYPE_INT4};
+constexpr int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
+constexpr int kBlockSizes[] = {8, 16, 32};
+constexpr int kIoDtypes[] = {KVP_DTYPE_FP32, KVP_DTYPE_FP16, KVP_DTYPE_BF16};
+
+double UlpRel(int dtype) {
+  return dtype == KVP_DTYPE_BF16 ? std::ldexp(1.0, -7)
+         : dtype == KVP_DTYPE_FP16 ? std::ldexp(1.0, -10)
+                                   : 1e-5;
+}
+
+// One decode problem on both backends.
+struct Batch {
+  int num_seqs = 0, query_len = 1, hq = 0, q_dtype = KVP_DTYPE_BF16, out_dtype = KVP_DTYPE_BF16;
+  int width = 0, sliding_window = 0;
+  float sm_scale = 0, soft_cap = 0;
+  std::vector<int32_t> table, lens;
+  std::vector<float> alibi;
+  std::vector<uint8_t> q;
+  bool lse = true;
+};
+
+// Runs `batch` on the CPU cache and on the GPU cache (decoders with the
+// given capacities) and compares.
+void CompareDecode(const Twins& twins, int layer, const Batch& b, int max_num_seqs,
+                   int max_context_len, int max_query_len) {
+  kvp_decode_config dc;
+  kvp_decode_config_init(&dc);
+  dc.num_query_heads = b.hq;
+  dc.max_num_seqs = max_num_seqs;
+  dc.max_context_len = max_context_len;
+  dc.max_query_len = max_query_len;
+  dc.q_dtype = b.q_dtype;
+  dc.out_dtype = b.out_dtype;
+  kvp_decoder *cpu_dec = nullptr, *gpu_dec = nullptr;
+  ASSERT_OK(kvp_decoder_create(twins.cpu(), &dc, &cpu_dec));
+  ASSERT_OK(kvp_decoder_create(twins.gpu(), &dc, &gpu_dec));
+  kvp_cache_info info;
+  kvp_cache_info_init(&info);
+  ASSERT_OK(kvp_cache_get_info(twins.cpu(), &info));
+  const int D = info.head_size;
+  const int64_t rows = int64_t(b.num_seqs) * b.query_len;
+  const int out_bytes = DtypeBytes(b.out_dtype);
+  std::vector<uint8_t> cpu_out(rows * b.hq * D * out_bytes, 0xFF);  // NaN in every dtype
+  std::vector<float> cpu_lse(rows * b.hq, std::numeric_limits<float>::quiet_NaN());
+
+  kvp_decode_args a;
+  kvp_decode_args_init(&a);
+  a.layer = layer;
+  a.num_seqs = b.num_seqs;
+  a.query_len = b.query_len;
+  a.sliding_window = b.sliding_window;
+  a.sm_scale = b.sm_scale;
+  a.logits_soft_cap = b.soft_cap;
+  a.q = b.q.data();
+  a.block_table = b.table.data();
+  a.block_table_width = b.width;
+  a.seq_lens = b.lens.data();
+  a.alibi_slopes = b.alibi.empty() ? nullptr : b.alibi.data();
+  a.out = cpu_out.data();
+  a.lse = b.lse ? cpu_lse.data() : nullptr;
+  ASSERT_OK(kvp_decode(cpu_dec, &a, nullptr));
+
+  DeviceBuffer<uint8_t> dq(b.q), dout(std::vector<uint8_t>(cpu_out.size(), 0xFF));
+  DeviceBuffer<int32_t> dtable(b.table), dlens(b.lens);
+  DeviceBuffer<float> dalibi(b.alibi.empty() ? std::vector<float>{0} : b.alibi);
+  DeviceBuffer<float> dlse(std::vector<float>(cpu_lse.size(), std::numeric_limits<float>::quiet_NaN()));
+  a.q = dq.get();
+  a.block_table = dtable.get();
+  a.seq_lens = dlens.get();
+  a.alibi_slopes = b.alibi.empty() ? nullptr : dalibi.get();
+  a.out = dout.get();
+  a.lse = b.lse ? dlse.get() : nullptr;
+  ASSERT_OK(kvp_decode(gpu_dec, &a, nullptr));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint8_t> gpu_out = dout.Read(cpu_out.size());
+  const std::vector<float> gpu_lse = dlse.Read(cpu_lse.size());
+
+  int bad = 0;
+  for (int64_t r = 0; r < rows * b.hq && bad < 5; ++r) {
+    double row_max = 0;
+    for (int d = 0; d < D; ++d) {
+      row_max = std::max(row_max, std::abs(LoadElement(b.out_dtype, cpu_out.data(), r * D + d)));
+    }
+    for (int d = 0; d < D; ++d) {
+      const double want = LoadElement(b.out_dtype, cpu_out.data(), r * D + d);
+      const double got = LoadElement(b.out_dtype, gpu_out.data(), r * D + d);
+      if (!(std::abs(got - want) <= 2 * UlpRel(b.out_dtype) * std::abs(want) + 1e-3 * row_max)) {
+        ADD_FAILURE() << "row " << r / b.hq << " head " << r % b.hq << " d " << d << ": gpu "
+                      << got << ", cpu " << want;
+        if (++bad >= 5) break;
+      }
+    }
+    if (b.lse) {
+      if (std::isinf(cpu_lse[r])) {
+        EXPECT_TRUE(std::isinf(gpu_lse[r]) && gpu_lse[r] < 0) << "lse " << r << ": " << gpu_lse[r];
+      } else {
+        EXPECT_NEAR(gpu_lse[r], cpu_lse[r], 1e-3) << "lse " << r;
+      }
+    }
+  }
+  kvp_decoder_destroy(cpu_dec);
+  kvp_decoder_destroy(gpu_dec);
+}
+
+// Random ragged sequences laid out over a random permutation of blocks.
+struct Layout {
+  std::vector<int32_t> table, lens;
+  std::vector<int64_t> slots;
+  int width = 0;
+};
+Layout RandomLayout(Rng& rng, const std::vector<int>& lens, int block_size, int num_blocks) {
+  Layout l;
+  l.lens.assign(lens.begin(), lens.end());
+  for (int len : lens) l.width = std::max(l.width, (len + block_size - 1) / block_size);
+  l.width = std::max(l.width, 1);
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng.gen);
+  l.table.assign(lens.size() * l.width, 0);
+  int next = 0;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int j = 0; j < (lens[s] + block_size - 1) / block_size; ++j) {
+      l.table[s * l.width + j] = perm[next++];
+    }
+    for (int t = 0; t < lens[s]; ++t) {
+      l.slots.push_back(int64_t(l.table[s * l.width + t / block_size]) * block_size + t % block_size);
+    }
+  }
+  return l;
+}
+
+int BlocksFor(const std::vector<int>& lens, int bs) {
+  int n = 0;
+  for (int l : lens) n += (l + bs - 1) / bs;
+  return n;
+}
+
+// Writes random K/V for a layout into both caches (layer `layer`).
+void FillTwins(Twins& twins, Rng& rng, int layer, int input_dtype, const Layout& l) {
+  ASSERT_EQ(twins.Write(layer, input_dtype, l.slots, rng.normals(l.slots.size() * twins.token_elems()),
+                        rng.normals(l.slots.size() * twins.token_elems())),
+            "");
+}
+
+TEST(GpuWrite, SameBytesAsTheCpuForEveryFormat) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
+  int i = 0;
+  for (int kd : kKvDtypes) {
+    for (int vd : kKvDtypes) {
+      Geometry g;
+      g.k_dtype = kd;
+      g.v_dtype = vd;
+      g.head_size = kHeadSizes[i % 6];
+      g.block_size = kBlockSizes[i % 3];
+      g.smoothing = i % 4 == 0;
+      ++i;
+      SCOPED_TRACE(absl::StrFormat("K=%s V=%s D=%d bs=%d", DtypeName(kd), DtypeName(vd),
+                                   g.head_size, g.block_size));
+      Twins twins(g, rng);
+      ASSERT_EQ(twins.error(), "");
+      std::vector<int> lens = {1, 7, 33, rng.uniform(1, 200)};
+      Layout l = RandomLayout(rng, lens, g.block_size, g.num_blocks);
+      // Odd and even tokens of one block in one call (INT4 V shares bytes),
+      // padding slots, and some non-finite and huge values.
+      l.slots.insert(l.slots.begin() + 3, -1);
+      std::vector<float> k = rng.normals(l.slots.size() * twins.token_elems());
+      std::vector<float> v = rng.normals(l.slots.size() * twins.token_elems());
+      k[5] = std::numeric_limits<float>::quiet_NaN();
+      v[70] = std::numeric_limits<float>::infinity();
+      k[300] = 1e30f;
+      for (int d = 0; d < g.head_size; ++d) v[2 * twins.token_elems() + d] = 0;  // zero vector
+      ASSERT_EQ(twins.Write(i % 2, kIoDtypes[i % 3], l.slots, k, v), "");
+      twins.ExpectSameBytes();
+    }
+  }
+}
+
+TEST(GpuDecode, AgreesWithTheCpuAcrossTheMatrix) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
+  int i = 0;
+  for (int kd : kKvDtypes) {
+    for (int D : kHeadSizes) {
+      for (int group : {1, 4, 8, 16}) {
+        Geometry g;
+        g.k_dtype = kd;
+        g.v_dtype = kKvDtypes[rng.uniform(0, 4)];
+        g.head_size = D;
+        g.block_size = kBlockSizes[i % 3];
+        g.num_kv_heads = group == 16 ? 1 : 2;
+        g.smoothing = i % 5 == 0;
+        const int option = i++ % 6;
+        SCOPED_TRACE(absl::StrFormat("K=%s V=%s D=%d bs=%d group=%d option=%d", DtypeName(kd),
+                                     DtypeName(g.v_dtype), D, g.block_size, group, option));
+        std::vector<int> lens = {0, 1, g.block_size - 1, g.block_size + 1, rng.uniform(1, 700),
+                                 rng.uniform(256, 1100)};
+        g.num_blocks = BlocksFor(lens, g.block_size) + 4;
+        Twins twins(g, rng);
+        ASSERT_EQ(twins.error(), "");
+        const Layout l = RandomLayout(rng, lens, g.block_size, g.num_blocks);
+        FillTwins(twins, rng, 1, kIoDtypes[i % 3], l);
+        twins.ExpectSameBytes();
+        Batch b;
+        b.num_seqs = static_cast<int>(lens.size());
+        b.hq = g.num_kv_heads * group;
+        b.q_dtype = kIoDtypes[(i / 3) % 3];
+        b.out_dtype = kIoDtypes[(i / 2) % 3];
+        b.table = l.table;
+        b.lens = l.lens;
+        b.width = l.width;
+        if (option == 1) for (int h = 0; h < b.hq; ++h) b.alibi.push_back(std::ldexp(1.0f, -rng.uniform(0, 8)));
+        if (option == 2) b.sliding_window = rng.uniform(1, 300);
+        if (option == 3) b.soft_cap = 5 + 20 * std::abs(rng.normal());
+        if (option == 4) b.query_len = rng.uniform(2, 4);
+        if (option == 5) b.sm_scale = 0.02f;
+        StoreElements(b.q_dtype, rng.normals(size_t(b.num_seqs) * b.query_len * b.hq * D), &b.q);
+        CompareDecode(twins, 1, b, b.num_seqs + 2, 1200, 4);
+      }
+    }
+  }
+}
+
+TEST(GpuDecode, PartitionBoundariesAndLongContext) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
+  for (int kd : {KVP_DTYPE_BF16, KVP_DTYPE_INT4}) {
+    Geometry g;
+    g.k_dtype = kd;
+    g.v_dtype = kd == KVP_DTYPE_INT4 ? KVP_DTYPE_INT8 : KVP_DTYPE_BF16;
+    g.num_kv_heads = 1;
+    g.head_size = 128;
+    g.num_layers = 1;
+    // Partition sizes are powers of two from 32 to 512: lengths at each
+    // boundary +-1, and one context past 32k tokens.
+    std::vector<int> lens = {31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257,
+                             511, 512, 513, 1023, 1024, 1025, 33001};
+    g.num_blocks = BlocksFor(lens, g.block_size) + 2;
+    Twins twins(g, rng);
+    ASSERT_EQ(twins.error(), "");
+    const Layout l = RandomLayout(rng, lens, g.block_size, g.num_blocks);
+    FillTwins(twins, rng, 0, KVP_DTYPE_BF16, l);
+    Batch b;
+    b.num_seqs = static_cast<int>(lens.size());
+    b.hq = 8;
+    b.table = l.table;
+    b.lens = l.lens;
+    b.width = l.width;
+    StoreElements(b.q_dtype, rng.normals(size_t(b.num_seqs) * b.hq * 128), &b.q);
+    CompareDecode(twins, 0, b, b.num_seqs, 33001, 1);
+    CompareDecode(twins, 0, b, 64, 40000, 2);  // other capacities, other partitions
+  }
+}
+
+// One decode captured in a CUDA graph, replayed with other lengths, tables
+// and batch sizes (rows of length 0) within the capacities.
+TEST(GpuDecode, OneGraphServesEveryBatchWithinCapacity) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
+  Geometry g;
+  g.k_dtype = KVP_DTYPE_INT8;
+  g.v_dtype = KVP_DTYPE_INT4;
+  g.num_blocks = 400;
+  Twins twins(g, rng);
+  ASSERT_EQ(twins.error(), "");
+  const int max_seqs = 8, max_len = 1000, hq = 8, D = 128, width = max_len / 16 + 1;
+  // Fill every block with data once: any table over them is valid.
+  std::vector<int64_t> all_slots(g.num_blocks * 16);
+  std::iota(all_slots.begin(), all_slots.end(), 0);
+  ASSERT_EQ(twins.Write(0, KVP_DTYPE_FP32, all_slots, rng.normals(all_slots.size() * twins.token_elems()),
+                        rng.normals(all_slots.size() * twins.token_elems())),
+            "");
+
+  kvp_decode_config dc;
+  kvp_decode_config_init(&dc);
+  dc.num_query_heads = hq;
+  dc.max_num_seqs = max_seqs;
+  dc.max_context_len = max_len;
+  kvp_decoder* dec = nullptr;
+  ASSERT_OK(kvp_decoder_create(twins.gpu(), &dc, &dec));
+  DeviceBuffer<int32_t> table(std::vector<int32_t>(max_seqs * width, 0));
+  DeviceBuffer<int32_t> lens(std::vector<int32_t>(max_seqs, 0));
+  DeviceBuffer<uint8_t> q(std::vector<uint8_t>(max_seqs * hq * D * 2, 0));
+  DeviceBuffer<uint8_t> out(std::vector<uint8_t>(max_seqs * hq * D * 2, 0));
+  DeviceBuffer<float> lse(std::vector<float>(max_seqs * hq, 0));
+  kvp_decode_args a;
+  kvp_decode_args_init(&a);
+  a.num_seqs = max_seqs;
+  a.q = q.get();
+  a.block_table = table.get();
+  a.block_table_width = width;
+  a.seq_lens = lens.get();
+  a.out = out.get();
+  a.lse = lse.get();
+  cudaStream_t stream;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  std::string captured = TakeError(kvp_decode(dec, &a, stream));
+  ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(captured, "");
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (int replay = 0; replay < 6; ++replay) {
+    // A batch of 1..max_seqs real sequences; the other rows have length 0.
+    const int n = rng.uniform(1, max_seqs);
+    std::vector<int32_t> h_lens(max_seqs, 0), h_table(max_seqs * width, 0);
+    for (int s = 0; s < n; ++s) {
+      h_lens[s] = replay == 0 && s == 0 ? max_len : rng.uniform(1, max_len);
+      for (int j = 0; j < width; ++j) h_table[s * width + j] = rng.uniform(0, g.num_blocks - 1);
+    }
+    std::vector<uint8_t> h_q;
+    StoreElements(KVP_DTYPE_BF16, rng.normals(size_t(max_seqs) * hq * D), &h_q);
+    lens.Assign(h_lens);
+    table.Assign(h_table);
+    q.Assign(h_q);
+    ASSERT_CUDA(cudaMemset(out.get(), 0xFF, max_seqs * hq * D * 2));  // poison
+    ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+
+    // The same batch, eagerly on the CPU.
+    kvp_decoder* cpu_dec = nullptr;
+    ASSERT_OK(kvp_decoder_create(twins.cpu(), &dc, &cpu_dec));
+    std::vector<uint8_t> want(max_seqs * hq * D * 2);
+    std::vector<float> want_lse(max_seqs * hq);
+    kvp_decode_args c = a;
+    c.q = h_q.data();
+    c.block_table = h_table.data();
+    c.seq_lens = h_lens.data();
+    c.out = want.data();
+    c.lse = want_lse.data();
+    ASSERT_OK(kvp_decode(cpu_dec, &c, nullptr));
+    kvp_decoder_destroy(cpu_dec);
+    const std::vector<uint8_t> got = out.Read(want.size());
+    const std::vector<float> got_lse = lse.Read(want_lse.size());
+    for (int64_t r = 0; r < max_seqs * hq; ++r) {
+      double row_max = 0;
+      for (int d = 0; d < D; ++d) row_max = std::max(row_max, std::abs(LoadElement(KVP_DTYPE_BF16, want.data(), r * D + d)));
+      for (int d = 0; d < D; ++d) {
+        const double w = LoadElement(KVP_DTYPE_BF16, want.data(), r * D + d);
+        const double o = LoadElement(KVP_DTYPE_BF16, got.data(), r * D + d);
+        ASSERT_LE(std::abs(o - w), 2 * UlpRel(KVP_DTYPE_BF16) * std::abs(w) + 1e-3 * row_max)
+            << "replay " << replay << " row " << r << " d " << d;
+      }
+      if (std::isinf(want_lse[r])) {
+        ASSERT_TRUE(std::isinf(got_lse[r])) << "replay " << replay << " row " << r;
+      } else {
+        ASSERT_NEAR(got_lse[r], want_lse[r], 1e-3) << "replay " << replay << " row " << r;
+      }
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  kvp_decoder_destroy(dec);
+}
+
+TEST(GpuCache, ForkSwapAndNonFiniteContainment) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
+  Geometry g;
+  g.k_dtype = KVP_DTYPE_FP8_E4M3;
+  g.v_dtype = KVP_DTYPE_INT4;
+  g.block_size = 8;
+  Twins twins(g, rng);
+  ASSERT_EQ(twins.error(), "");
+  // The same sequence operations on both caches: fork, then the child's
+  // append copies the shared partial block (copy-on-write on the GPU).
+  for (kvp_cache* c : {twins.cpu(), twins.gpu()}) {
+    int64_t parent = 0, child = 0;
+    std::vector<int64_t> slots(13);
+    ASSERT_OK(kvp_seq_create(c, &parent));
+    ASSERT_OK(kvp_seq_append(c, parent, 13, slots.data(), nullptr));
+    ASSERT_OK(kvp_seq_fork(c, parent, &child));
+    (void)child;
+  }
+  Rng same(rng.seed + 1);
+  std::vector<int64_t> slots(13);
+  std::iota(slots.begin(), slots.end(), 0);  // blocks 0 and 1, as allocated
+  ASSERT_EQ(twins.Write(0, KVP_DTYPE_FP32, slots, same.normals(13 * twins.token_elems()),
+                        same.normals(13 * twins.token_elems())),
+            "");
+  for (kvp_cache* c : {twins.cpu(), twins.gpu()}) {
+    std::vector<int64_t> child_slots(2);
+    ASSERT_OK(kvp_seq_append(c, 2, 2, child_slots.data(), nullptr));
+    EXPECT_EQ(child_slots[0], 2 * 8 + 5);  // block 2, the copy
+  }
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  twins.ExpectSameBytes();
+
+  // Non-finite values in one token are stored as 0 and counted, on both.
+  std::vector<float> k = rng.normals(twins.token_elems()), v = rng.normals(twins.token_elems());
+  k[1] = std::numeric_limits<float>::quiet_NaN();
+  v[2] = -std::numeric_limits<float>::infinity();
+  ASSERT_EQ(twins.Write(1, KVP_DTYPE_FP32, {40}, k, v), "");
+  twins.ExpectSameBytes();
+
+  // Swap blocks 0..2 of every layer out to a CPU cache and back in.
+  kvp_cache_config cfg;
+  kvp_cache_config_init(&cfg);
+  cfg.num_layers = g.num_layers;
+  cfg.num_blocks = 5;
+  cfg.block_size = g.block_size;
+  cfg.num_kv_heads = g.num_kv_heads;
+  cfg.head_size = g.head_size;
+  cfg.k_dtype = g.k_dtype;
+  cfg.v_dtype = g.v_dtype;
+  kvp_cache* swap = nullptr;
+  ASSERT_OK(kvp_cache_create(&cfg, &swap));
+  const int32_t out_pairs[] = {0, 4, 1, 3, 2, 0};
+  ASSERT_OK(kvp_cache_transfer_blocks(swap, twins.gpu(), out_pairs, 3, nullptr));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const DequantizedLayer from_swap = DequantizedLayer::Read(swap, 0);
+  const DequantizedLayer from_cpu = DequantizedLayer::Read(twins.cpu(), 0);
+  for (int t = 0; t < 8; ++t) {
+    for (int d = 0; d < g.head_size; ++d) {
+      ASSERT_EQ(from_swap.k(4, 1, t, d), from_cpu.k(0, 1, t, d));
+      ASSERT_EQ(from_swap.v(0, 0, t, d), from_cpu.v(2, 0, t, d));
+    }
+  }
+  const int32_t in_pairs[] = {4, 10, 3, 11};
+  ASSERT_OK(kvp_cache_transfer_blocks(twins.gpu(), swap, in_pairs, 2, nullptr));
+  ASSERT_OK(kvp_cache_copy_blocks(twins.cpu(), std::vector<int32_t>{0, 10, 1, 11}.data(), 2, nullptr));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  twins.ExpectSameBytes();
+  kvp_cache_destroy(swap);
+}
+
+TEST(GpuCache, CallsLeaveTheCallersCurrentDeviceAlone) {
+  SKIP_WITHOUT_GPU();
+  const int n = GpuCount();
+  const int target = n - 1;  // the cache's device: another one when there are two
+  const int current = 0;     // the caller's
+  ASSERT_CUDA(cudaSetDevice(current));
+  kvp_cache_config cfg;
+  kvp_cache_config_init(&cfg);
+  cfg.device_kind = KVP_DEVICE_CUDA;
+  cfg.device_ordinal = target;
+  cfg.num_blocks = 16;
+  cfg.num_kv_heads = 1;
+  kvp_cache* cache = nullptr;
+  ASSERT_OK(kvp_cache_create(&cfg, &cache));
+  int64_t seq = 0;
+  ASSERT_OK(kvp_seq_create(cache, &seq));
+  ASSERT_OK(kvp_seq_append(cache, seq, 3, nullptr, nullptr));
+  kvp_write_stats stats;
+  kvp_write_stats_init(&stats);
+  ASSERT_OK(kvp_cache_get_write_stats(cache, &stats));
+  int now = -1;
+  ASSERT_CUDA(cudaGetDevice(&now));
+  EXPECT_EQ(now, current);
+  kvp_cache_destroy(cache);
+  ASSERT_CUDA(cudaGetDevice(&now));
+  EXPECT_EQ(now, current);
+}
+
+#else  // !KVPAGE_HAVE_CUDA
+
+TEST(GpuDecode, BuiltWithoutCuda) { GTEST_SKIP() << "built without the CUDA backend"; }
+
+#endif
+
+}  // namespace
+}  // namespace testing
+}  // namespace kvpage

@@ -1,0 +1,778 @@
+// The CUDA decode kernels (LaunchDecode: partition + reduce) against the
+// CPU backend's decode, the double-precision oracle, on the same cache
+// bytes and inputs. The cache is built in host memory by CpuBackend::Write
+// from fresh random vectors (after filling every byte with random garbage,
+// so that stale tokens past a sequence's end and unused scale entries hold
+// arbitrary bit patterns, NaN included), then copied whole to the device.
+// Block tables are random permutations; their padding holds out-of-range
+// ids that must never be read. Outputs and the split-K workspace are
+// poisoned with NaN first. Skips where no GPU is present.
+//
+// Tolerance. The kernel dequantizes K/V codes exactly (FP16 holds every
+// code) and computes in FP32 (q * lambda * scale, dot products, exp, sums),
+// so its result differs from the double oracle by a few FP32 roundings
+// relative to the row's magnitude, plus the final rounding of each side to
+// the output dtype (which may land on neighbouring values). Per element:
+//   |gpu - cpu| <= a * max_d |cpu row| + b * |cpu|
+// with (a, b) = (2e-3, 2^-7) for BF16 output, (1e-3, 2^-10) for FP16 and
+// (2e-4, 1e-5) for FP32; lse within 1e-3 absolute. b is one unit in the
+// last place of the output dtype at the bottom of a binade (BF16 2^-7, FP16
+// 2^-10): two sides rounding a value near a rounding midpoint to BF16 may
+// land one ulp apart, so 2^-8 alone would reject correct results. A row with nothing
+// visible must be exactly zero with lse = -inf on both sides.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/backend.h"
+#include "src/formats.h"
+#include "src/geometry.h"
+#include "src/params.h"
+
+#if KVPAGE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/launch.h"
+#endif
+
+namespace kvpage {
+namespace {
+
+#if KVPAGE_HAVE_CUDA
+
+constexpr DType kCacheDTypes[] = {DType::kBF16, DType::kFP16, DType::kFP8E4M3, DType::kINT8,
+                                  DType::kINT4};
+constexpr int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
+constexpr int kBlockSizes[] = {8, 16, 32};
+constexpr DType kIoDTypes[] = {DType::kFP32, DType::kFP16, DType::kBF16};
+
+const char* Name(DType t) {
+  switch (t) {
+    case DType::kFP32:
+      return "FP32";
+    case DType::kFP16:
+      return "FP16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kFP8E4M3:
+      return "FP8";
+    case DType::kINT8:
+      return "INT8";
+    case DType::kINT4:
+      return "INT4";
+  }
+  return "?";
+}
+
+int ElemBytes(DType t) { return t == DType::kFP32 ? 4 : 2; }
+
+// One decode problem.
+struct Case {
+  DType k = DType::kBF16;
+  DType v = DType::kBF16;
+  int head_size = 128;
+  int block_size = 16;
+  int num_kv_heads = 1;
+  int group = 1;
+  int query_len = 1;
+  DType q_dtype = DType::kBF16;
+  DType out_dtype = DType::kFP32;
+  bool alibi = false;
+  bool smoothing = false;
+  bool lse = true;
+  int window = 0;
+  float soft_cap = 0;
+  float sm_scale = 0;  // 0: 1/sqrt(D)
+  int partition_size = 256;
+  std::vector<int32_t> lens;
+  // Capacities beyond the batch (the launch shape must not depend on it).
+  int extra_seqs = 0;
+  int extra_query_len = 0;
+  int extra_context = 0;
+  // Strides padded beyond num_q_heads * head_size.
+  int q_pad = 0;
+  int out_pad = 0;
+  uint32_t seed = 0;
+
+  std::string Describe() const {
+    std::ostringstream os;
+    os << "K=" << Name(k) << " V=" << Name(v) << " D=" << head_size << " bs=" << block_size
+       << " kv_heads=" << num_kv_heads << " group=" << group << " qlen=" << query_len
+       << " q=" << Name(q_dtype) << " out=" << Name(out_dtype) << " P=" << partition_size
+       << " alibi=" << alibi << " smooth=" << smoothing << " lse=" << lse
+       << " window=" << window << " cap=" << soft_cap << " scale=" << sm_scale
+       << " extra(seqs,qlen,ctx)=" << extra_seqs << "," << extra_query_len << ","
+       << extra_context << " pad(q,out)=" << q_pad << "," << out_pad << " lens=[";
+    for (size_t i = 0; i < lens.size(); ++i) os << (i ? "," : "") << lens[i];
+    os << "] case_seed=" << seed;
+    return os.str();
+  }
+};
+
+// Device memory freed on scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0 && cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+  bool ok() const { return bytes_ == 0 || ptr_ != nullptr; }
+  size_t size_hint() const { return bytes_; }
+  void Upload(const void* src) const {
+    if (bytes_ > 0) ASSERT_EQ(cudaMemcpy(ptr_, src, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void Download(void* dst) const {
+    if (bytes_ > 0) ASSERT_EQ(cudaMemcpy(dst, ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  void Poison() const {
+    if (bytes_ > 0) ASSERT_EQ(cudaMemset(ptr_, 0xFF, bytes_), cudaSuccess);  // NaN in FP32/16
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+template <typename T>
+std::unique_ptr<DeviceBuffer> ToDevice(const std::vector<T>& host) {
+  auto d = std::make_unique<DeviceBuffer>(host.size() * sizeof(T));
+  if (d->ok()) d->Upload(host.data());
+  return d;
+}
+
+struct Tolerance {
+  double row_rel;  // times max |cpu| of the row
+  double elem_rel; // times |cpu|
+};
+
+Tolerance ToleranceFor(DType out) {
+  switch (out) {
+    case DType::kBF16:
+      return {2e-3, 1.0 / 128};
+    case DType::kFP16:
+      return {1e-3, 1.0 / 1024};
+    default:
+      return {2e-4, 1e-5};
+  }
+}
+
+// Largest error / tolerance ratio seen, per output dtype (printed by some
+// tests as a calibration aid).
+double g_worst_ratio[3] = {0, 0, 0};
+
+void PrintWorstRatios() {
+  std::printf("worst |gpu - cpu| / tolerance: FP32 out %.3f, FP16 out %.3f, BF16 out %.3f\n",
+              g_worst_ratio[0], g_worst_ratio[1], g_worst_ratio[2]);
+}
+
+// Runs one case on both backends and compares. Returns false on failure.
+void RunCase(const Case& c) {
+  SCOPED_TRACE(c.Describe());
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+
+  const int D = c.head_size;
+  const int bs = c.block_size;
+  const int hkv = c.num_kv_heads;
+  const int hq = hkv * c.group;
+  const int num_seqs = static_cast<int>(c.lens.size());
+  const int qlen = c.query_len;
+  const int max_len = c.lens.empty() ? 0 : *std::max_element(c.lens.begin(), c.lens.end());
+
+  // ---- The cache, in host memory, through the CPU backend's write.
+  std::vector<int> blocks_of(num_seqs);
+  int total_blocks = 0;
+  int width = 1;
+  for (int s = 0; s < num_seqs; ++s) {
+    blocks_of[s] = (c.lens[s] + bs - 1) / bs;
+    total_blocks += blocks_of[s];
+    width = std::max(width, blocks_of[s]);
+  }
+  width += 2;  // padding entries the kernel must never read
+  CacheGeometry geo;
+  geo.num_layers = 1;
+  geo.num_blocks = total_blocks + 3;
+  geo.block_size = bs;
+  geo.num_kv_heads = hkv;
+  geo.head_size = D;
+  geo.k_dtype = c.k;
+  geo.v_dtype = c.v;
+  std::vector<uint8_t> cache(static_cast<size_t>(geo.total_bytes()));
+  for (auto& b : cache) b = static_cast<uint8_t>(rng());  // stale garbage
+
+  std::vector<int32_t> perm(geo.num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const int64_t table_stride = width + 1;
+  std::vector<int32_t> table(std::max<int64_t>(1, num_seqs * table_stride));
+  for (auto& e : table) e = (rng() & 1) ? -1 - static_cast<int32_t>(rng() % 100)
+                                        : geo.num_blocks + static_cast<int32_t>(rng() % 100000);
+  int next = 0;
+  std::vector<int64_t> slots;
+  for (int s = 0; s < num_seqs; ++s) {
+    for (int j = 0; j < blocks_of[s]; ++j) table[s * table_stride + j] = perm[next++];
+    for (int t = 0; t < c.lens[s]; ++t) {
+      slots.push_back(int64_t{table[s * table_stride + t / bs]} * bs + t % bs);
+    }
+  }
+
+  std::vector<float> smoothing;
+  if (c.smoothing) {
+    smoothing.resize(static_cast<size_t>(hkv) * D);
+    for (auto& l : smoothing) l = 0.25f + 3.75f * uniform(rng);
+  }
+  // K with outlier channels and a per-token offset (exercises INT4's min
+  // and the smoothing); V plain normal.
+  std::vector<float> chan(static_cast<size_t>(hkv) * D);
+  for (auto& x : chan) x = uniform(rng) < 0.05f ? 8.0f : 1.0f;
+  const int64_t ntok = static_cast<int64_t>(slots.size());
+  std::vector<float> key(static_cast<size_t>(ntok) * hkv * D), value(key.size());
+  for (int64_t t = 0; t < ntok; ++t) {
+    for (int h = 0; h < hkv; ++h) {
+      const float offset = 0.5f * normal(rng);
+      for (int d = 0; d < D; ++d) {
+        const size_t i = (t * hkv + h) * D + d;
+        key[i] = normal(rng) * chan[h * D + d] + offset;
+        value[i] = normal(rng);
+      }
+    }
+  }
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  if (ntok > 0) {
+    WriteCounters counters{0, 0};
+    WriteParams w{};
+    w.geo = geo;
+    w.layer = cache.data();
+    w.input_dtype = DType::kFP32;
+    w.num_tokens = static_cast<int32_t>(ntok);
+    w.key = key.data();
+    w.value = value.data();
+    w.key_stride = int64_t{hkv} * D;
+    w.value_stride = int64_t{hkv} * D;
+    w.slot_mapping = slots.data();
+    w.key_smoothing = c.smoothing ? smoothing.data() : nullptr;
+    w.counters = &counters;
+    ASSERT_TRUE(cpu->Write(w, nullptr).ok());
+  }
+
+  // ---- Queries and options.
+  const int64_t q_stride = int64_t{hq} * D + c.q_pad;
+  const int64_t out_stride = int64_t{hq} * D + c.out_pad;
+  const int64_t q_rows = std::max<int64_t>(1, int64_t{num_seqs} * qlen);
+  std::vector<uint8_t> q(static_cast<size_t>(q_rows * q_stride * ElemBytes(c.q_dtype)));
+  for (int64_t i = 0; i < q_rows * q_stride; ++i) {
+    StoreFromFloat(c.q_dtype, q.data(), i, normal(rng));
+  }
+  std::vector<float> alibi;
+  if (c.alibi) {
+    alibi.resize(hq);
+    for (auto& a : alibi) a = uniform(rng);
+  }
+
+  DecodeParams p{};
+  p.geo = geo;
+  p.num_seqs = num_seqs;
+  p.query_len = qlen;
+  p.num_q_heads = hq;
+  p.max_context_len = max_len + c.extra_context;
+  p.q_dtype = c.q_dtype;
+  p.out_dtype = c.out_dtype;
+  p.q_stride = q_stride;
+  p.out_stride = out_stride;
+  p.block_table_stride = table_stride;
+  p.block_table_width = width;
+  p.sliding_window = c.window;
+  p.sm_scale = c.sm_scale > 0 ? c.sm_scale : 1.0f / std::sqrt(static_cast<float>(D));
+  p.logits_soft_cap = c.soft_cap;
+
+  // ---- The oracle.
+  const size_t out_elems = static_cast<size_t>(q_rows * out_stride);
+  const size_t out_bytes = out_elems * ElemBytes(c.out_dtype);
+  std::vector<uint8_t> cpu_out(out_bytes, 0xFF), gpu_out(out_bytes);
+  std::vector<float> cpu_lse(static_cast<size_t>(q_rows) * hq, std::nanf("")),
+      gpu_lse(cpu_lse.size());
+  {
+    DecodeParams h = p;
+    h.layer = cache.data();
+    h.q = q.data();
+    h.block_table = table.data();
+    h.seq_lens = c.lens.data();
+    h.alibi_slopes = c.alibi ? alibi.data() : nullptr;
+    h.key_smoothing = c.smoothing ? smoothing.data() : nullptr;
+    h.out = cpu_out.data();
+    h.lse = c.lse ? cpu_lse.data() : nullptr;
+    DecodeCapacity cap;
+    cap.num_q_heads = hq;
+    cap.max_num_seqs = num_seqs + c.extra_seqs;
+    cap.max_context_len = p.max_context_len;
+    cap.max_query_len = qlen + c.extra_query_len;
+    const absl::Status st = cpu->Decode(h, cap, nullptr, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+
+  // ---- The kernels, shaped as the host will shape them.
+  DecodeShape shape;
+  shape.max_num_seqs = num_seqs + c.extra_seqs;
+  shape.max_query_len = qlen + c.extra_query_len;
+  shape.partition_size = c.partition_size;
+  shape.max_partitions = (p.max_context_len + c.partition_size - 1) / c.partition_size;
+  const size_t partials = static_cast<size_t>(shape.max_num_seqs) * shape.max_query_len * hq *
+                          std::max(shape.max_partitions, 1);
+  DeviceBuffer d_cache(cache.size()), d_q(q.size()), d_out(out_bytes),
+      d_lse(gpu_lse.size() * sizeof(float)), d_pout(partials * D * sizeof(float)),
+      d_pmax(partials * sizeof(float)), d_psum(partials * sizeof(float));
+  ASSERT_TRUE(d_cache.ok() && d_q.ok() && d_out.ok() && d_lse.ok() && d_pout.ok() &&
+              d_pmax.ok() && d_psum.ok());
+  d_cache.Upload(cache.data());
+  d_q.Upload(q.data());
+  d_out.Poison();
+  d_lse.Poison();
+  d_pout.Poison();
+  d_pmax.Poison();
+  d_psum.Poison();
+  auto d_table = ToDevice(table);
+  auto d_lens = ToDevice(c.lens.empty() ? std::vector<int32_t>{0} : c.lens);
+  auto d_alibi = ToDevice(c.alibi ? alibi : std::vector<float>{0.0f});
+  auto d_smooth = ToDevice(c.smoothing ? smoothing : std::vector<float>{0.0f});
+  ASSERT_TRUE(d_table->ok() && d_lens->ok() && d_alibi->ok() && d_smooth->ok());
+
+  DecodeParams d = p;
+  d.layer = d_cache.get<uint8_t>();
+  d.q = d_q.get();
+  d.block_table = d_table->get<int32_t>();
+  d.seq_lens = d_lens->get<int32_t>();
+  d.alibi_slopes = c.alibi ? d_alibi->get<float>() : nullptr;
+  d.key_smoothing = c.smoothing ? d_smooth->get<float>() : nullptr;
+  d.out = d_out.get();
+  d.lse = c.lse ? d_lse.get<float>() : nullptr;
+  DecodeWorkspace ws;
+  ws.partial_out = d_pout.get<float>();
+  ws.partial_max = d_pmax.get<float>();
+  ws.partial_sum = d_psum.get<float>();
+  ASSERT_EQ(kernels::LaunchDecode(d, shape, ws, nullptr), 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  d_out.Download(gpu_out.data());
+  d_lse.Download(gpu_lse.data());
+
+  // ---- Compare.
+  const Tolerance tol = ToleranceFor(c.out_dtype);
+  int failures = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    for (int i = 0; i < qlen; ++i) {
+      const int64_t row = int64_t{s} * qlen + i;
+      for (int h = 0; h < hq; ++h) {
+        double row_max = 0;
+        for (int dd = 0; dd < D; ++dd) {
+          row_max = std::max(row_max, std::fabs(static_cast<double>(LoadAsFloat(
+                                          c.out_dtype, cpu_out.data(), row * out_stride + h * D + dd))));
+        }
+        for (int dd = 0; dd < D && failures < 10; ++dd) {
+          const int64_t idx = row * out_stride + int64_t{h} * D + dd;
+          const double want = LoadAsFloat(c.out_dtype, cpu_out.data(), idx);
+          const double got = LoadAsFloat(c.out_dtype, gpu_out.data(), idx);
+          const double bound = tol.row_rel * row_max + tol.elem_rel * std::fabs(want);
+          const double err = std::fabs(got - want);
+          if (bound > 0) {
+            double& worst = g_worst_ratio[static_cast<int>(c.out_dtype)];
+            worst = std::max(worst, err / bound);
+          }
+          if (!(err <= bound)) {
+            ADD_FAILURE() << "out seq " << s << " token " << i << " head " << h << " d " << dd
+                          << ": gpu " << got << " cpu " << want << " (bound " << bound << ")";
+            ++failures;
+          }
+        }
+        if (c.lse && failures < 10) {
+          const float want = cpu_lse[row * hq + h];
+          const float got = gpu_lse[row * hq + h];
+          const bool ok = std::isinf(want) ? (got == want) : std::fabs(got - want) <= 1e-3;
+          if (!ok) {
+            ADD_FAILURE() << "lse seq " << s << " token " << i << " head " << h << ": gpu " << got
+                          << " cpu " << want;
+            ++failures;
+          }
+        }
+      }
+    }
+  }
+}
+
+bool HaveGpu() { return CudaDeviceCount() > 0; }
+
+uint32_t FreshSeed() { return std::random_device{}(); }
+
+// Lengths around the interesting boundaries of (block size, partition
+// size, query length), plus random ones.
+std::vector<int32_t> BoundaryLens(std::mt19937& rng, int bs, int P, int qlen, int n, int max_len) {
+  const int pool[] = {0,      1,     qlen - 1, qlen,     bs - 1, bs,        bs + 1,
+                      P - 1,  P,     P + 1,    2 * P - 1, 2 * P, 2 * P + 1, 3 * bs + 2};
+  std::vector<int32_t> lens;
+  for (int i = 0; i < n; ++i) {
+    int len;
+    if (rng() % 3 == 0) {
+      len = static_cast<int>(rng() % (max_len + 1));
+    } else {
+      len = pool[rng() % (sizeof(pool) / sizeof(pool[0]))];
+    }
+    lens.push_back(std::clamp(len, 0, max_len));
+  }
+  return lens;
+}
+
+// A random case over the whole option space for the given dtypes, shape.
+Case RandomCase(std::mt19937& rng, DType k, DType v, int D, int bs) {
+  Case c;
+  c.seed = rng();
+  c.k = k;
+  c.v = v;
+  c.head_size = D;
+  c.block_size = bs;
+  const int groups[] = {1, 4, 8, 16};
+  c.group = groups[rng() % 4];
+  c.num_kv_heads = 1 + static_cast<int>(rng() % 2);
+  c.query_len = 1 + static_cast<int>(rng() % 4);
+  c.q_dtype = kIoDTypes[rng() % 3];
+  c.out_dtype = kIoDTypes[rng() % 3];
+  c.alibi = rng() % 3 == 0;
+  c.smoothing = rng() % 3 == 0;
+  c.lse = rng() % 2 == 0;
+  c.window = rng() % 4 == 0 ? 1 + static_cast<int>(rng() % 80) : 0;
+  c.soft_cap = rng() % 4 == 0 ? 1.0f + static_cast<float>(rng() % 30) : 0.0f;
+  c.partition_size = rng() % 3 == 0 ? 32 : 256;
+  c.extra_seqs = static_cast<int>(rng() % 2);
+  c.extra_query_len = static_cast<int>(rng() % 2);
+  c.extra_context = rng() % 2 == 0 ? 0 : static_cast<int>(rng() % 600);
+  c.q_pad = rng() % 4 == 0 ? 8 : 0;
+  c.out_pad = rng() % 4 == 0 ? 16 : 0;
+  c.lens = BoundaryLens(rng, bs, c.partition_size, c.query_len, 1 + static_cast<int>(rng() % 3),
+                        2 * c.partition_size + 40);
+  return c;
+}
+
+#define KVPAGE_REQUIRE_GPU() \
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present"
+
+// ---- A small set for the sanitizers -------------------------------------
+
+TEST(CudaDecodeSmall, EveryDtypeShort) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const DType vs[] = {DType::kINT4, DType::kFP8E4M3, DType::kBF16, DType::kINT8, DType::kFP16};
+  int n = 0;
+  for (DType k : kCacheDTypes) {
+    Case c;
+    c.seed = rng();
+    c.k = k;
+    c.v = vs[n % 5];
+    c.head_size = n % 2 ? 80 : 128;
+    c.block_size = kBlockSizes[n % 3];
+    c.num_kv_heads = 2;
+    c.group = 4;
+    c.query_len = 2;
+    c.q_dtype = DType::kBF16;
+    c.out_dtype = kIoDTypes[n % 3];
+    c.alibi = n % 2 == 0;
+    c.window = n == 3 ? 20 : 0;
+    c.soft_cap = n == 4 ? 10.0f : 0.0f;
+    c.smoothing = n == 1;
+    c.partition_size = 32;
+    c.extra_seqs = 1;
+    c.lens = {0, 1, 33, 70};
+    RunCase(c);
+    ++n;
+  }
+}
+
+TEST(CudaDecodeSmall, ManyRowsAndTails) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  Case c;
+  c.seed = rng();
+  c.k = DType::kINT4;
+  c.v = DType::kINT4;
+  c.head_size = 112;  // INT4 K tail chunk
+  c.block_size = 8;
+  c.group = 12;
+  c.query_len = 3;  // 36 rows: 5 row tiles, the last partial
+  c.partition_size = 64;
+  c.lens = {2, 64, 65, 130};
+  RunCase(c);
+}
+
+// ---- The dtype x head size x block size matrix ---------------------------
+
+TEST(CudaDecode, DtypeHeadBlockMatrix) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (DType k : kCacheDTypes) {
+    for (DType v : kCacheDTypes) {
+      for (int D : kHeadSizes) {
+        for (int bs : kBlockSizes) {
+          RunCase(RandomCase(rng, k, v, D, bs));
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+  PrintWorstRatios();
+}
+
+// ---- Options, one at a time and together ----------------------------------
+
+TEST(CudaDecode, OptionsAndIoDtypes) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const DType pairs[][2] = {{DType::kBF16, DType::kBF16},
+                            {DType::kINT8, DType::kINT4},
+                            {DType::kFP8E4M3, DType::kFP8E4M3},
+                            {DType::kINT4, DType::kFP16}};
+  for (const auto& kv : pairs) {
+    for (int opt = 0; opt < 32; ++opt) {
+      Case c;
+      c.seed = rng();
+      c.k = kv[0];
+      c.v = kv[1];
+      c.head_size = 128;
+      c.block_size = 16;
+      c.num_kv_heads = 2;
+      c.group = 4;
+      c.alibi = opt & 1;
+      c.window = (opt & 2) ? 37 : 0;
+      c.soft_cap = (opt & 4) ? 4.0f : 0.0f;
+      c.smoothing = opt & 8;
+      c.lse = opt & 16;
+      c.query_len = 1 + opt % 4;
+      c.q_dtype = kIoDTypes[opt % 3];
+      c.out_dtype = kIoDTypes[(opt / 3) % 3];
+      c.sm_scale = (opt % 5 == 0) ? 0.3f : 0.0f;
+      c.partition_size = 64;
+      c.lens = {1, 5, 64, 65, 200, 0};
+      RunCase(c);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// ---- Partition sizes and their boundaries --------------------------------
+
+TEST(CudaDecode, PartitionBoundaries) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int P : {32, 256, 512}) {
+    for (int bs : kBlockSizes) {
+      Case c;
+      c.seed = rng();
+      c.k = kCacheDTypes[rng() % 5];
+      c.v = kCacheDTypes[rng() % 5];
+      c.head_size = kHeadSizes[rng() % 6];
+      c.block_size = bs;
+      c.group = 4;
+      c.query_len = 1 + static_cast<int>(rng() % 2);
+      c.partition_size = P;
+      c.window = rng() % 2 ? P + 3 : 0;
+      c.lens = {P - 1, P, P + 1, 2 * P - 1, 2 * P, 2 * P + 1, bs - 1, bs, bs + 1, 1, 0};
+      c.extra_context = P;  // one partition more than any sequence needs
+      RunCase(c);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// ---- GQA groups, large and odd -------------------------------------------
+
+TEST(CudaDecode, LargeGroups) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int configs[][2] = {{64, 8}, {64, 1}, {24, 2}, {16, 4}, {7, 3}, {32, 1}};
+  for (const auto& gq : configs) {
+    Case c;
+    c.seed = rng();
+    c.k = kCacheDTypes[rng() % 5];
+    c.v = kCacheDTypes[rng() % 5];
+    c.head_size = gq[0] == 64 ? 64 : kHeadSizes[rng() % 6];
+    c.block_size = kBlockSizes[rng() % 3];
+    c.group = gq[0];
+    c.query_len = gq[1];
+    c.alibi = rng() % 2;
+    c.window = rng() % 2 ? 50 : 0;
+    c.partition_size = 128;
+    c.lens = {300, 9, 0, 129};
+    RunCase(c);
+    if (HasFailure()) return;
+  }
+}
+
+// ---- Nothing visible -----------------------------------------------------
+
+TEST(CudaDecode, EmptyAndInvisible) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  Case c;
+  c.seed = rng();
+  c.k = DType::kINT8;
+  c.v = DType::kINT8;
+  c.group = 2;
+  c.query_len = 4;  // lengths below 4: the first query tokens see nothing
+  c.lens = {0, 0, 1, 2, 3};
+  c.partition_size = 32;
+  RunCase(c);
+  c.lens = {0, 0};  // every sequence empty
+  RunCase(c);
+  c.lens = {40, 300};
+  c.window = 1;  // one token each
+  RunCase(c);
+}
+
+// ---- A long context -------------------------------------------------------
+
+TEST(CudaDecode, LongContext) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const DType kv[][2] = {{DType::kBF16, DType::kBF16}, {DType::kINT4, DType::kINT4},
+                         {DType::kINT8, DType::kFP8E4M3}};
+  for (const auto& t : kv) {
+    Case c;
+    c.seed = rng();
+    c.k = t[0];
+    c.v = t[1];
+    c.head_size = 128;
+    c.block_size = 16;
+    c.num_kv_heads = 1;
+    c.group = 8;
+    c.query_len = 1;
+    c.out_dtype = DType::kFP32;
+    c.partition_size = 256;
+    c.lens = {33000, 1000};
+    RunCase(c);
+    if (HasFailure()) return;
+  }
+  PrintWorstRatios();
+}
+
+// ---- Timing (not a correctness test; run with
+// --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*') -------------
+
+TEST(CudaDecodePerf, DISABLED_Bandwidth) {
+  KVPAGE_REQUIRE_GPU();
+  struct PerfCase {
+    DType k, v;
+    int group, num_kv_heads, len, seqs;
+  };
+  const PerfCase cases[] = {
+      {DType::kBF16, DType::kBF16, 8, 8, 4096, 32},  {DType::kFP8E4M3, DType::kFP8E4M3, 8, 8, 4096, 32},
+      {DType::kINT8, DType::kINT8, 8, 8, 4096, 32},  {DType::kINT4, DType::kINT4, 8, 8, 4096, 32},
+      {DType::kINT8, DType::kINT4, 8, 8, 4096, 32},  {DType::kBF16, DType::kBF16, 1, 32, 4096, 32},
+      {DType::kINT4, DType::kINT4, 1, 32, 4096, 32}, {DType::kBF16, DType::kBF16, 4, 8, 32768, 4},
+      {DType::kINT4, DType::kINT4, 4, 8, 32768, 4},
+  };
+  for (const PerfCase& pc : cases) {
+    CacheGeometry geo;
+    geo.num_layers = 1;
+    geo.block_size = 16;
+    geo.num_kv_heads = pc.num_kv_heads;
+    geo.head_size = 128;
+    geo.k_dtype = pc.k;
+    geo.v_dtype = pc.v;
+    const int blocks_per_seq = pc.len / geo.block_size;
+    geo.num_blocks = blocks_per_seq * pc.seqs;
+    DeviceBuffer cache(static_cast<size_t>(geo.total_bytes()));
+    ASSERT_TRUE(cache.ok());
+    ASSERT_EQ(cudaMemset(cache.get(), 0x11, geo.total_bytes()), cudaSuccess);  // small finite
+    std::vector<int32_t> table(static_cast<size_t>(geo.num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(1));
+    std::vector<int32_t> lens(pc.seqs, pc.len);
+    const int hq = pc.group * pc.num_kv_heads;
+    auto d_table = ToDevice(table);
+    auto d_lens = ToDevice(lens);
+    DeviceBuffer q(static_cast<size_t>(pc.seqs) * hq * 128 * 2), out(q.size_hint());
+    DecodeShape shape;
+    shape.max_num_seqs = pc.seqs;
+    shape.max_query_len = 1;
+    shape.partition_size = 256;
+    shape.max_partitions = pc.len / 256;
+    const size_t partials = static_cast<size_t>(pc.seqs) * hq * shape.max_partitions;
+    DeviceBuffer pout(partials * 128 * 4), pmax(partials * 4), psum(partials * 4);
+    ASSERT_EQ(cudaMemset(q.get(), 0, q.size_hint()), cudaSuccess);
+    DecodeParams p{};
+    p.geo = geo;
+    p.layer = cache.get<uint8_t>();
+    p.num_seqs = pc.seqs;
+    p.query_len = 1;
+    p.num_q_heads = hq;
+    p.max_context_len = pc.len;
+    p.q_dtype = DType::kBF16;
+    p.out_dtype = DType::kBF16;
+    p.q = q.get();
+    p.q_stride = int64_t{hq} * 128;
+    p.block_table = d_table->get<int32_t>();
+    p.block_table_stride = blocks_per_seq;
+    p.block_table_width = blocks_per_seq;
+    p.seq_lens = d_lens->get<int32_t>();
+    p.sm_scale = 0.088f;
+    p.out = out.get();
+    p.out_stride = int64_t{hq} * 128;
+    DecodeWorkspace ws{pout.get<float>(), pmax.get<float>(), psum.get<float>()};
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(kernels::LaunchDecode(p, shape, ws, nullptr), 0);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    const int iters = 20;
+    cudaEventRecord(e0);
+    for (int i = 0; i < iters; ++i) kernels::LaunchDecode(p, shape, ws, nullptr);
+    cudaEventRecord(e1);
+    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const double us = 1000.0 * ms / iters;
+    const double bytes = static_cast<double>(pc.len) * pc.seqs * geo.bytes_per_token_per_layer();
+    std::printf("K=%s V=%s group=%d kv_heads=%d len=%d seqs=%d: %.1f us, %.0f GB/s (KV bytes)\n",
+                Name(pc.k), Name(pc.v), pc.group, pc.num_kv_heads, pc.len, pc.seqs, us,
+                bytes / us * 1e-3);
+  }
+}
+
+#else
+
+TEST(CudaDecode, RequiresCuda) { GTEST_SKIP() << "built without the CUDA backend"; }
+
+#endif  // KVPAGE_HAVE_CUDA
+
+}  // namespace
+}  // namespace kvpage
