@@ -13,13 +13,13 @@
 //   1. q rows -> shared memory as FP32, times the key smoothing vector and
 //      sm_scale (or sm_scale / cap with a soft-cap), zero-padded to
 //      k_chunks * k_x channels (INT4 K with head size 80/112 has a tail).
-//   2. K: warp w takes 32- or 64-token spans w, w+4, ...; lane l holds
-//      token l (16-bit K: and l+32) of the span and walks its k_chunks
-//      16-byte rows, so each load instruction of the warp covers 32
-//      consecutive tokens (32 / block_size whole blocks, 128+ contiguous
-//      bytes per block). Codes are dequantized in registers
-//      (common/dequant.cuh) eight at a time and dotted with every row of
-//      the tile (q read from shared memory as a broadcast); the K scale is applied
+//   2. K: warp w takes 64-token spans w, w+4, ...; lane l holds tokens l
+//      and l+32 of the span and walks their k_chunks 16-byte rows, so each
+//      load instruction of the warp covers 32 consecutive tokens (32 /
+//      block_size whole blocks, 128+ contiguous bytes per block). Codes are
+//      dequantized in registers (common/dequant.cuh) eight at a time and
+//      dotted with every row of the tile (q read from shared memory as a
+//      broadcast, each value feeding both tokens); the K scale is applied
 //      once per token (INT4: + min * sum(q)). No cross-lane reduction is
 //      needed. Soft-cap, ALiBi and the masks (causal per query token,
 //      sliding window, sequence end) as in CpuBackend::Decode; logits ->
@@ -73,6 +73,8 @@ namespace decode {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRowTile = 8;  // query rows per pass over the partition
+constexpr int kLaneTokens = 2;                 // K phase: tokens per lane
+constexpr int kSpanTokens = 32 * kLaneTokens;  // K phase: tokens per warp pass
 constexpr int kReduceThreads = 128;
 
 // The instantiated head sizes (one place; the K dtypes are the
@@ -185,23 +187,19 @@ __device__ __forceinline__ float Dot8(const float4& a, const float4& b, const fl
   return acc;
 }
 
-// Warp w takes spans of 32 * kLaneTokens tokens w, w + 4, ...; lane l holds
-// tokens l (and l + 32) of the span, so each load instruction of the warp
-// covers 32 consecutive tokens: 32 / block_size whole blocks, 16 bytes per
-// token. With 16-bit K a lane holds two tokens, so that each q value read
-// from shared memory (a broadcast) feeds two tokens; 8- and 4-bit K spend
-// their registers on dequantization instead (one token, 4 chunks in flight).
+// Warp w takes 64-token spans w, w + 4, ...; lane l holds tokens l and
+// l + 32 of the span, so each q value read from shared memory (a broadcast)
+// feeds two tokens, and each load instruction of the warp covers 32
+// consecutive tokens: 32 / block_size whole blocks, 16 bytes per token.
 template <DType KT, int D>
 __device__ __forceinline__ void LogitsPhase(const DecodeParams& p, const PartitionState& st,
                                             int rt) {
   constexpr int kX = kElems<KT>;
   constexpr int kChunks = (D + kX - 1) / kX;
   constexpr int kSteps = kX / 8;  // 8-code steps per 16-byte chunk
-  constexpr int kLaneTokens = kX == 8 ? 2 : 1;
-  constexpr int kSpanTokens = 32 * kLaneTokens;
-  // Chunks loaded before use per token: 4..8 loads of 16 bytes in flight
-  // per lane.
-  constexpr int kBatch = 4;
+  // Chunks loaded before use: 4 (16-bit) or 2 per token, 4..8 loads of 16
+  // bytes in flight per lane.
+  constexpr int kBatch = kX == 8 ? 4 : 2;
   const CacheGeometry& g = p.geo;
   float* smem = SharedWords();
   const float* q_s = smem + st.lay.q;
@@ -359,12 +357,12 @@ struct VPhaseArgs {
 // Not inlined: one copy per V shape serves all head sizes of a translation
 // unit (compile time).
 template <DType VT, int kTok>
-__device__ __forceinline__ void ValuePhase(const VPhaseArgs a) {
+__device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
   constexpr int kE = kElems<VT>;
   constexpr int kCh = kE / kTok;
   constexpr int kPos = kCh == 1 ? 2 : 1;     // positions per thread at once
   constexpr int kOct = kTok / 8;             // 8-token groups per channel
-  constexpr int kUnroll = 4;                 // blocks loaded before use
+  constexpr int kUnroll = kPos == 2 ? 2 : 4; // blocks loaded before use
   float* smem = SharedWords();
   const int* blk_s = reinterpret_cast<const int*>(smem + a.blk);
   const int tid = threadIdx.x;
