@@ -549,6 +549,74 @@ TEST(GpuDecode, OneGraphServesEveryBatchWithinCapacity) {
   kvp_decoder_destroy(dec);
 }
 
+// A decoder on a workspace the engine owns gives the same results as one
+// owning its own; too small a workspace is refused.
+TEST(GpuDecode, CallerOwnedWorkspace) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
+  Geometry g;
+  g.k_dtype = KVP_DTYPE_INT4;
+  g.v_dtype = KVP_DTYPE_FP8_E4M3;
+  std::vector<int> lens = {5, 300, 777};
+  g.num_blocks = BlocksFor(lens, g.block_size) + 1;
+  Twins twins(g, rng);
+  ASSERT_EQ(twins.error(), "");
+  const Layout l = RandomLayout(rng, lens, g.block_size, g.num_blocks);
+  FillTwins(twins, rng, 0, KVP_DTYPE_BF16, l);
+  const int hq = 8, D = 128;
+  kvp_decode_config dc;
+  kvp_decode_config_init(&dc);
+  dc.num_query_heads = hq;
+  dc.max_num_seqs = 3;
+  dc.max_context_len = 800;
+  uint64_t need = 0;
+  ASSERT_OK(kvp_decode_workspace_size(twins.gpu(), &dc, &need));
+  ASSERT_GT(need, 0u);
+  void* ws = nullptr;
+  ASSERT_CUDA(cudaMalloc(&ws, need));
+  ASSERT_CUDA(cudaMemset(ws, 0xFF, need));  // poison: the kernels must not read stale data
+  dc.workspace = ws;
+  dc.workspace_bytes = need - 1;
+  kvp_decoder* dec = nullptr;
+  kvp_error* e = kvp_decoder_create(twins.gpu(), &dc, &dec);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(kvp_error_code(e), KVP_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kvp_error_message(e)).find("workspace_bytes"), std::string::npos);
+  kvp_error_free(e);
+  dc.workspace_bytes = need;
+  kvp_decoder* own = nullptr;
+  ASSERT_OK(kvp_decoder_create(twins.gpu(), &dc, &dec));
+  dc.workspace = nullptr;
+  dc.workspace_bytes = 0;
+  ASSERT_OK(kvp_decoder_create(twins.gpu(), &dc, &own));
+  std::vector<uint8_t> h_q;
+  StoreElements(KVP_DTYPE_BF16, rng.normals(size_t(3) * hq * D), &h_q);
+  DeviceBuffer<uint8_t> q(h_q), out_a(std::vector<uint8_t>(h_q.size(), 0xFF)),
+      out_b(std::vector<uint8_t>(h_q.size(), 0xFF));
+  DeviceBuffer<int32_t> table(l.table), dlens(l.lens);
+  kvp_decode_args a;
+  kvp_decode_args_init(&a);
+  a.num_seqs = 3;
+  a.q = q.get();
+  a.block_table = table.get();
+  a.block_table_width = l.width;
+  a.seq_lens = dlens.get();
+  a.out = out_a.get();
+  ASSERT_OK(kvp_decode(dec, &a, nullptr));
+  a.out = out_b.get();
+  ASSERT_OK(kvp_decode(own, &a, nullptr));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const std::vector<uint8_t> ra = out_a.Read(h_q.size()), rb = out_b.Read(h_q.size());
+  EXPECT_EQ(ra, rb);
+  for (int64_t i = 0; i < int64_t(h_q.size() / 2); ++i) {
+    ASSERT_TRUE(std::isfinite(LoadElement(KVP_DTYPE_BF16, ra.data(), i))) << i;
+  }
+  kvp_decoder_destroy(dec);
+  kvp_decoder_destroy(own);
+  cudaFree(ws);
+}
+
 TEST(GpuCache, ForkSwapAndNonFiniteContainment) {
   SKIP_WITHOUT_GPU();
   Rng rng;
