@@ -24,6 +24,17 @@ enum class DType : int32_t {
   kINT4 = 5,
 };
 
+// "FP32", "FP16", "BF16", "FP8", "INT8", "INT4" (messages, test names).
+KVP_HOST_DEVICE constexpr const char* DTypeName(DType t) {
+  return t == DType::kFP32       ? "FP32"
+         : t == DType::kFP16     ? "FP16"
+         : t == DType::kBF16     ? "BF16"
+         : t == DType::kFP8E4M3  ? "FP8"
+         : t == DType::kINT8     ? "INT8"
+         : t == DType::kINT4     ? "INT4"
+                                 : "?";
+}
+
 KVP_HOST_DEVICE constexpr int DTypeBits(DType t) {
   return t == DType::kFP32   ? 32
          : t == DType::kINT4 ? 4

@@ -139,17 +139,7 @@ int32_t DtypeBytes(int32_t dtype) {
   return dtype == KVP_DTYPE_FP32 ? 4 : 2;
 }
 
-const char* DtypeName(int32_t dtype) {
-  switch (dtype) {
-    case KVP_DTYPE_FP32: return "fp32";
-    case KVP_DTYPE_FP16: return "fp16";
-    case KVP_DTYPE_BF16: return "bf16";
-    case KVP_DTYPE_FP8_E4M3: return "fp8";
-    case KVP_DTYPE_INT8: return "int8";
-    case KVP_DTYPE_INT4: return "int4";
-  }
-  return "?";
-}
+const char* DtypeName(int32_t dtype) { return DTypeName(static_cast<DType>(dtype)); }
 
 double LoadElement(int32_t dtype, const void* data, int64_t i) {
   const auto* p = static_cast<const uint8_t*>(data);

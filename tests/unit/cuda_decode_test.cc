@@ -55,23 +55,6 @@ constexpr int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
 constexpr int kBlockSizes[] = {8, 16, 32};
 constexpr DType kIoDTypes[] = {DType::kFP32, DType::kFP16, DType::kBF16};
 
-const char* Name(DType t) {
-  switch (t) {
-    case DType::kFP32:
-      return "FP32";
-    case DType::kFP16:
-      return "FP16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kFP8E4M3:
-      return "FP8";
-    case DType::kINT8:
-      return "INT8";
-    case DType::kINT4:
-      return "INT4";
-  }
-  return "?";
-}
 
 int ElemBytes(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
@@ -105,9 +88,9 @@ struct Case {
 
   std::string Describe() const {
     std::ostringstream os;
-    os << "K=" << Name(k) << " V=" << Name(v) << " D=" << head_size << " bs=" << block_size
+    os << "K=" << DTypeName(k) << " V=" << DTypeName(v) << " D=" << head_size << " bs=" << block_size
        << " kv_heads=" << num_kv_heads << " group=" << group << " qlen=" << query_len
-       << " q=" << Name(q_dtype) << " out=" << Name(out_dtype) << " P=" << partition_size
+       << " q=" << DTypeName(q_dtype) << " out=" << DTypeName(out_dtype) << " P=" << partition_size
        << " alibi=" << alibi << " smooth=" << smoothing << " lse=" << lse
        << " window=" << window << " cap=" << soft_cap << " scale=" << sm_scale
        << " extra(seqs,qlen,ctx)=" << extra_seqs << "," << extra_query_len << ","
@@ -763,7 +746,7 @@ TEST(CudaDecodePerf, DISABLED_Bandwidth) {
     const double us = 1000.0 * ms / iters;
     const double bytes = static_cast<double>(pc.len) * pc.seqs * geo.bytes_per_token_per_layer();
     std::printf("K=%s V=%s group=%d kv_heads=%d len=%d seqs=%d: %.1f us, %.0f GB/s (KV bytes)\n",
-                Name(pc.k), Name(pc.v), pc.group, pc.num_kv_heads, pc.len, pc.seqs, us,
+                DTypeName(pc.k), DTypeName(pc.v), pc.group, pc.num_kv_heads, pc.len, pc.seqs, us,
                 bytes / us * 1e-3);
   }
 }

@@ -42,23 +42,6 @@ constexpr int kHeadSizes[] = {64, 80, 112, 128, 256};
 constexpr int kBlockSizes[] = {8, 16, 32};
 constexpr DType kInputDTypes[] = {DType::kFP32, DType::kFP16, DType::kBF16};
 
-const char* Name(DType t) {
-  switch (t) {
-    case DType::kFP32:
-      return "FP32";
-    case DType::kFP16:
-      return "FP16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kFP8E4M3:
-      return "FP8";
-    case DType::kINT8:
-      return "INT8";
-    case DType::kINT4:
-      return "INT4";
-  }
-  return "?";
-}
 
 int InputBytes(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
@@ -418,8 +401,8 @@ TEST_P(CudaWriteTest, MatchesCpuBytes) {
           c.smoothing = smoothing;
           SCOPED_TRACE(absl::StrFormat(
               "K %s V %s head_size %d block_size %d heads %d blocks %d input %s smoothing %d",
-              Name(k_dtype), Name(v_dtype), head_size, block_size, c.geo.num_kv_heads,
-              c.geo.num_blocks, Name(input), smoothing));
+              DTypeName(k_dtype), DTypeName(v_dtype), head_size, block_size, c.geo.num_kv_heads,
+              c.geo.num_blocks, DTypeName(input), smoothing));
           RunWriteCase(rng, c);
           if (HasFailure()) return;  // one detailed failure is enough
         }
@@ -432,8 +415,8 @@ INSTANTIATE_TEST_SUITE_P(
     CudaWrite, CudaWriteTest,
     testing::Combine(testing::ValuesIn(kCacheDTypes), testing::ValuesIn(kCacheDTypes)),
     [](const testing::TestParamInfo<std::tuple<DType, DType>>& info) {
-      return std::string("K") + Name(std::get<0>(info.param)) + "_V" +
-             Name(std::get<1>(info.param));
+      return std::string("K") + DTypeName(std::get<0>(info.param)) + "_V" +
+             DTypeName(std::get<1>(info.param));
     });
 
 // Many tokens (more items than one grid wave) in one call: the INT4 V pair
@@ -454,7 +437,7 @@ TEST(CudaWriteLarge, ManyTokensMatchCpu) {
     c.geo.v_dtype = v_dtype;
     c.input_dtype = DType::kBF16;
     c.smoothing = true;
-    SCOPED_TRACE(Name(v_dtype));
+    SCOPED_TRACE(DTypeName(v_dtype));
     RunWriteCase(rng, c, c.geo.num_blocks * c.geo.block_size - 3);
   }
 }
@@ -555,7 +538,7 @@ void BenchWrite(DType k_dtype, DType v_dtype, bool shuffled) {
       2.0 * num_tokens * row * 2 + double(num_tokens) * g.bytes_per_token_per_layer();
   const double us = ms * 1000.0 / reps;
   std::printf("write K %-4s V %-4s %-10s slots: %d tokens x %d heads x %d: %7.1f us, %5.0f GB/s\n",
-              Name(k_dtype), Name(v_dtype), shuffled ? "shuffled" : "sequential", num_tokens,
+              DTypeName(k_dtype), DTypeName(v_dtype), shuffled ? "shuffled" : "sequential", num_tokens,
               g.num_kv_heads, g.head_size, us, bytes / us / 1e3);
 }
 
@@ -591,7 +574,7 @@ TEST(CudaCopyBlocks, MatchesCpu) {
     SCOPED_TRACE(absl::StrFormat("iter %d: layers %d blocks %d block_size %d heads %d "
                                  "head_size %d K %s V %s",
                                  iter, g.num_layers, g.num_blocks, g.block_size,
-                                 g.num_kv_heads, g.head_size, Name(g.k_dtype), Name(g.v_dtype)));
+                                 g.num_kv_heads, g.head_size, DTypeName(g.k_dtype), DTypeName(g.v_dtype)));
     // Sources and destinations disjoint (a block copied within one call is
     // never also overwritten by it); a source may feed several copies.
     std::vector<int32_t> ids(g.num_blocks);

@@ -501,23 +501,6 @@ Quantized Quantize(DType dtype, const std::vector<float>& x,
   return q;
 }
 
-std::string Name(DType dtype) {
-  switch (dtype) {
-    case DType::kFP32:
-      return "FP32";
-    case DType::kFP16:
-      return "FP16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kFP8E4M3:
-      return "FP8";
-    case DType::kINT8:
-      return "INT8";
-    case DType::kINT4:
-      return "INT4";
-  }
-  return "?";
-}
 
 bool IsFiniteHalf(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
 
@@ -661,7 +644,7 @@ TEST(QuantizeTest, RandomVectorsRoundTripWithinBounds) {
   std::mt19937 rng(seed);
   for (DType dtype : kCacheDtypes) {
     for (int n : kHeadSizes) {
-      SCOPED_TRACE(Name(dtype) + " n=" + std::to_string(n));
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " n=" + std::to_string(n));
       for (int rep = 0; rep < 200; ++rep) {
         const std::vector<float> x = RandomVector(rng, n);
         const Quantized q = Quantize(dtype, x);
@@ -691,7 +674,7 @@ TEST(QuantizeTest, IsDeterministic) {
 
 TEST(QuantizeTest, ZeroVectorGivesZeroScaleZeroCodesExactZeros) {
   for (DType dtype : kCacheDtypes) {
-    SCOPED_TRACE(Name(dtype));
+    SCOPED_TRACE(DTypeName(dtype));
     for (bool negative_zeros : {false, true}) {
       std::vector<float> x(128, 0.0f);
       if (negative_zeros) {
@@ -720,7 +703,7 @@ TEST(QuantizeTest, OutlierStillWithinBound) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (DType dtype : kCacheDtypes) {
     for (int n : kHeadSizes) {
-      SCOPED_TRACE(Name(dtype) + " n=" + std::to_string(n));
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " n=" + std::to_string(n));
       std::vector<float> x(n);
       for (float& v : x) v = normal(rng);
       x[rng() % n] = (rng() % 2) ? 1e4f : -1e4f;
@@ -738,7 +721,7 @@ TEST(QuantizeTest, SubnormalInputs) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (DType dtype : kCacheDtypes) {
-    SCOPED_TRACE(Name(dtype));
+    SCOPED_TRACE(DTypeName(dtype));
     std::vector<float> x(128);
     for (float& v : x) v = normal(rng) * 1e-40f;  // FP32 subnormals
     const Quantized q = Quantize(dtype, x);
@@ -761,7 +744,7 @@ TEST(QuantizeTest, ScaleQuotientUnderflowStillGivesPositiveScale) {
   // amax / QMAX underflows to 0 in FP32 for the smallest subnormal; the
   // scale is still the smallest positive FP16 and codes are 0, never NaN.
   for (DType dtype : {DType::kINT8, DType::kFP8E4M3, DType::kINT4}) {
-    SCOPED_TRACE(Name(dtype));
+    SCOPED_TRACE(DTypeName(dtype));
     const float tiny = std::numeric_limits<float>::denorm_min();
     const std::vector<float> x = {tiny, 0.0f, tiny, 0.0f};
     const Quantized q = Quantize(dtype, x);
@@ -774,7 +757,7 @@ TEST(QuantizeTest, ScaleQuotientUnderflowStillGivesPositiveScale) {
 TEST(QuantizeTest, ConstantVectors) {
   for (DType dtype : kCacheDtypes) {
     for (float c : {2.5f, -3.3f, 0.1f, 1e-3f, -700.0f}) {
-      SCOPED_TRACE(Name(dtype) + " c=" + std::to_string(c));
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " c=" + std::to_string(c));
       const std::vector<float> x(96, c);
       const Quantized q = Quantize(dtype, x);
       ExpectRoundTrip(dtype, x, q);
@@ -801,7 +784,7 @@ TEST(QuantizeTest, NonFiniteElementsAreZeroedAndCounted) {
   std::mt19937 rng(seed);
   for (DType dtype : kCacheDtypes) {
     for (int n : kHeadSizes) {
-      SCOPED_TRACE(Name(dtype) + " n=" + std::to_string(n));
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " n=" + std::to_string(n));
       std::vector<float> x = RandomVector(rng, n);
       std::vector<float> cleaned = x;
       const float bad[] = {NAN, INFINITY, -INFINITY, -NAN};
@@ -834,7 +817,7 @@ TEST(QuantizeTest, NonFiniteElementsAreZeroedAndCounted) {
 
 TEST(QuantizeTest, AllNonFiniteIsAZeroVector) {
   for (DType dtype : kCacheDtypes) {
-    SCOPED_TRACE(Name(dtype));
+    SCOPED_TRACE(DTypeName(dtype));
     const std::vector<float> x(64, NAN);
     const Quantized q = Quantize(dtype, x);
     EXPECT_EQ(q.stats.non_finite, 64u);
@@ -849,7 +832,7 @@ TEST(QuantizeTest, HugeFiniteValuesSaturateAndAreCounted) {
   SCOPED_TRACE(SeedTrace(seed));
   std::mt19937 rng(seed);
   for (DType dtype : kCacheDtypes) {
-    SCOPED_TRACE(Name(dtype));
+    SCOPED_TRACE(DTypeName(dtype));
     // 1e30 is beyond FP16 and every scaled format; BF16 holds it, so BF16
     // gets FLT_MAX, which rounds past its largest finite value.
     const float huge = dtype == DType::kBF16 ? FLT_MAX : 1e30f;
@@ -923,7 +906,7 @@ TEST(QuantizeTest, SmoothingDividesBeforeQuantizing) {
   std::uniform_real_distribution<float> log_lambda(-3.0f, 3.0f);
   for (DType dtype : kCacheDtypes) {
     for (int n : kHeadSizes) {
-      SCOPED_TRACE(Name(dtype) + " n=" + std::to_string(n));
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + " n=" + std::to_string(n));
       const std::vector<float> x = RandomVector(rng, n);
       std::vector<float> lambda(n);
       std::vector<float> divided(n);
@@ -943,7 +926,7 @@ TEST(QuantizeTest, SmoothingDividesBeforeQuantizing) {
 
 TEST(QuantizeTest, SmoothingOverflowSaturatesOnceAndNonFiniteStillCounted) {
   for (DType dtype : kCacheDtypes) {
-    SCOPED_TRACE(Name(dtype));
+    SCOPED_TRACE(DTypeName(dtype));
     // 1e38 / 1e-3 overflows FP32: clipped to FLT_MAX and counted once,
     // although the later steps clip it again.
     const std::vector<float> x = {1e38f, 1.0f, NAN, -2.0f};
@@ -1035,7 +1018,7 @@ TEST(SymmetricMaxTest, Values) {
 TEST(LoadStoreTest, RoundTripsEachInputDtype) {
   const float values[] = {1.0f, -2.5f, 0.333333f, 65504.0f, -0.0f, 1e-7f};
   for (DType dtype : {DType::kFP32, DType::kFP16, DType::kBF16}) {
-    SCOPED_TRACE(Name(dtype));
+    SCOPED_TRACE(DTypeName(dtype));
     std::vector<unsigned char> buffer(6 * 4 + 4, 0xAB);
     for (int i = 0; i < 6; ++i)
       StoreFromFloat(dtype, buffer.data(), i, values[i]);
