@@ -358,7 +358,10 @@ KVP_EXPORT kvp_error* kvp_cache_transfer_blocks(kvp_cache* dst,
  *
  * The decoder fixes the capacities a launch is shaped by, so one CUDA graph
  * captured once serves every batch within them: lengths and tables are read
- * from memory when the kernels run. */
+ * from memory when the kernels run. A captured graph also keeps the
+ * num_seqs and query_len it was captured with: capture with num_seqs =
+ * max_num_seqs and give rows a batch does not use length 0 (they cost a
+ * block that exits at once). */
 typedef struct kvp_decoder kvp_decoder;
 
 typedef struct kvp_decode_config {

@@ -751,10 +751,6 @@ TEST(CudaDecodePerf, DISABLED_Bandwidth) {
   }
 }
 
-#else
-
-TEST(CudaDecode, RequiresCuda) { GTEST_SKIP() << "built without the CUDA backend"; }
-
 #endif  // KVPAGE_HAVE_CUDA
 
 }  // namespace
