@@ -7,7 +7,7 @@
 // spans enough layers (> 4x the L2) that consecutive runs rotate through
 // different memory and never hit in L2.
 //
-// usage: kvpage-bench [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4]
+// usage: kvpage-bench [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4] [--shapes SUBSTR,...]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -242,22 +242,31 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string csv;
   std::vector<std::string> dtypes = {"bf16", "fp8", "int8", "int4"};
+  std::vector<std::string> only;  // substrings of shape names (for profiling)
+  auto split = [](const std::string& s) {
+    std::vector<std::string> parts;
+    for (size_t p = 0; p <= s.size();) {
+      size_t c = s.find(',', p);
+      if (c == std::string::npos) c = s.size();
+      parts.push_back(s.substr(p, c - p));
+      p = c + 1;
+    }
+    return parts;
+  };
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
       csv = argv[++i];
     } else if (!std::strcmp(argv[i], "--dtypes") && i + 1 < argc) {
-      dtypes.clear();
-      std::string s = argv[++i];
-      for (size_t p = 0; p <= s.size();) {
-        size_t c = s.find(',', p);
-        if (c == std::string::npos) c = s.size();
-        dtypes.push_back(s.substr(p, c - p));
-        p = c + 1;
-      }
+      dtypes = split(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) {
+      only = split(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4] "
+                   "[--shapes SUBSTR,...  (e.g. MHA,ragged,'B=512')]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -288,6 +297,19 @@ int main(int argc, char** argv) {
     shapes.push_back({"ragged 32/8 log-uniform 16..32768", 32, 8, 128, lens});
   }
   if (quick) shapes = {shapes[0], shapes[5]};
+  if (!only.empty()) {
+    std::vector<Shape> kept;
+    for (const Shape& s : shapes) {
+      const std::string label = s.name + " B=" + std::to_string(s.lens.size());
+      for (const std::string& o : only) {
+        if (label.find(o) != std::string::npos) {
+          kept.push_back(s);
+          break;
+        }
+      }
+    }
+    shapes = kept;
+  }
 
   std::mt19937 rng(42);
   std::vector<Result> results;

@@ -145,7 +145,7 @@ kvp_error* kvp_device_count(int32_t device_kind, int32_t* count) {
   } else if (device_kind == KVP_DEVICE_CUDA) {
     *count = kvpage::CudaDeviceCount();
   } else {
-    return InvalidArg(absl::StrFormat(
+    return InvalidArg(kvpage::StrFormat(
         "device_kind = %d, must be KVP_DEVICE_CPU (0) or KVP_DEVICE_CUDA (1)", device_kind));
   }
   return nullptr;
@@ -225,7 +225,7 @@ kvp_error* ReadIn(const T* user, const char* name, void (*init)(T*), T* out) {
   init(out);
   const size_t min_size = kvpage::capi::FirstReleasedSize<T>();
   if (user->struct_size < min_size) {
-    return InvalidArg(absl::StrFormat(
+    return InvalidArg(kvpage::StrFormat(
         "%s->struct_size = %d, must be at least %d (call the matching kvp_*_init first)", name,
         user->struct_size, min_size));
   }
@@ -238,7 +238,7 @@ template <typename T>
 kvp_error* CheckOut(const T* user, const char* name) {
   const size_t min_size = kvpage::capi::FirstReleasedSize<T>();
   if (user->struct_size < min_size) {
-    return InvalidArg(absl::StrFormat(
+    return InvalidArg(kvpage::StrFormat(
         "%s->struct_size = %d, must be at least %d (call the matching kvp_*_init first)", name,
         user->struct_size, min_size));
   }
@@ -256,18 +256,22 @@ kvp_error* kvp_cache_create(const kvp_cache_config* config, kvp_cache** cache) {
   kvp_cache_config c;
   if (kvp_error* e = ReadIn(config, "config", kvp_cache_config_init, &c)) return e;
   if (c.device_kind != KVP_DEVICE_CPU && c.device_kind != KVP_DEVICE_CUDA) {
-    return InvalidArg(absl::StrFormat(
+    return InvalidArg(kvpage::StrFormat(
         "config->device_kind = %d, must be KVP_DEVICE_CPU (0) or KVP_DEVICE_CUDA (1)",
         c.device_kind));
   }
   if (c.device_ordinal < 0) {
     return InvalidArg(
-        absl::StrFormat("config->device_ordinal = %d, must be >= 0", c.device_ordinal));
+        kvpage::StrFormat("config->device_ordinal = %d, must be >= 0", c.device_ordinal));
   }
   if (c.reserved0 != 0) {
-    return InvalidArg(absl::StrFormat("config->reserved0 = %d, must be 0", c.reserved0));
+    return InvalidArg(kvpage::StrFormat("config->reserved0 = %d, must be 0", c.reserved0));
+  }
+  if (c.checked != 0 && c.checked != 1) {
+    return InvalidArg(kvpage::StrFormat("config->checked = %d, must be 0 or 1", c.checked));
   }
   kvpage::CacheOptions o;
+  o.checked = c.checked != 0;
   o.device_kind = static_cast<kvpage::DeviceKind>(c.device_kind);
   o.device_ordinal = c.device_ordinal;
   o.geometry.num_layers = c.num_layers;
@@ -288,7 +292,7 @@ kvp_error* kvp_cache_create(const kvp_cache_config* config, kvp_cache** cache) {
       return e;
     }
     if ((a.alloc == nullptr) != (a.free == nullptr)) {
-      return InvalidArg(absl::StrFormat(
+      return InvalidArg(kvpage::StrFormat(
           "config->allocator->%s is NULL: set both alloc and free, or neither",
           a.alloc == nullptr ? "alloc" : "free"));
     }
@@ -319,7 +323,7 @@ kvp_error* kvp_cache_get_layout(const kvp_cache* cache, int32_t layer, kvp_layer
   const kvpage::CacheGeometry& g = cache->impl->geometry();
   if (layer < 0 || layer >= g.num_layers) {
     return InvalidArg(
-        absl::StrFormat("layer = %d is out of range [0, %d)", layer, g.num_layers));
+        kvpage::StrFormat("layer = %d is out of range [0, %d)", layer, g.num_layers));
   }
   kvp_layer_layout l;
   kvp_layer_layout_init(&l);
@@ -456,7 +460,7 @@ kvp_error* kvp_cache_export_block_table(const kvp_cache* cache, const int64_t* s
   KVP_API_BEGIN
   KVP_CHECK_NOT_NULL(cache);
   if (num_seqs < 0) {
-    return InvalidArg(absl::StrFormat("num_seqs = %d, must be >= 0", num_seqs));
+    return InvalidArg(kvpage::StrFormat("num_seqs = %d, must be >= 0", num_seqs));
   }
   if (num_seqs > 0) {
     KVP_CHECK_NOT_NULL(seq_ids);
@@ -464,10 +468,10 @@ kvp_error* kvp_cache_export_block_table(const kvp_cache* cache, const int64_t* s
   }
   if (max_blocks_per_seq < 1) {
     return InvalidArg(
-        absl::StrFormat("max_blocks_per_seq = %d, must be >= 1", max_blocks_per_seq));
+        kvpage::StrFormat("max_blocks_per_seq = %d, must be >= 1", max_blocks_per_seq));
   }
   if (row_stride < max_blocks_per_seq) {
-    return InvalidArg(absl::StrFormat("row_stride = %d, must be >= max_blocks_per_seq = %d",
+    return InvalidArg(kvpage::StrFormat("row_stride = %d, must be >= max_blocks_per_seq = %d",
                                       row_stride, max_blocks_per_seq));
   }
   return ToError(cache->impl->blocks().ExportBlockTable(
@@ -485,7 +489,7 @@ kvp_error* kvp_cache_write(kvp_cache* cache, const kvp_write_args* args, void* s
   kvp_write_args a;
   if (kvp_error* e = ReadIn(args, "args", kvp_write_args_init, &a)) return e;
   if (a.reserved0 != 0) {
-    return InvalidArg(absl::StrFormat("args->reserved0 = %d, must be 0", a.reserved0));
+    return InvalidArg(kvpage::StrFormat("args->reserved0 = %d, must be 0", a.reserved0));
   }
   kvpage::WriteRequest r;
   r.layer = a.layer;
@@ -610,7 +614,7 @@ kvp_error* kvp_decode(kvp_decoder* decoder, const kvp_decode_args* args, void* s
   kvp_decode_args a;
   if (kvp_error* e = ReadIn(args, "args", kvp_decode_args_init, &a)) return e;
   if (a.reserved0 != 0) {
-    return InvalidArg(absl::StrFormat("args->reserved0 = %d, must be 0", a.reserved0));
+    return InvalidArg(kvpage::StrFormat("args->reserved0 = %d, must be 0", a.reserved0));
   }
   kvpage::DecodeRequest r;
   r.layer = a.layer;

@@ -25,10 +25,13 @@ template <> constexpr size_t FirstReleasedSize<kvp_write_stats>() { return 24; }
 template <> constexpr size_t FirstReleasedSize<kvp_decode_config>() { return 48; }
 template <> constexpr size_t FirstReleasedSize<kvp_decode_args>() { return 112; }
 
-// The ABI 1.0 structs are exactly the first released ones; appending a
-// field changes sizeof but must leave these offsets alone.
-static_assert(sizeof(kvp_cache_config) == FirstReleasedSize<kvp_cache_config>());
+// The ABI 1.0 structs are exactly the first released ones (except where a
+// later minor version appended a field); appending a field changes sizeof
+// but must leave these offsets alone.
+// ABI 1.1 appended kvp_cache_config.checked.
+static_assert(sizeof(kvp_cache_config) == 72);
 static_assert(offsetof(kvp_cache_config, allocator) == 56);
+static_assert(offsetof(kvp_cache_config, checked) == 64);
 static_assert(sizeof(kvp_layer_layout) == FirstReleasedSize<kvp_layer_layout>());
 static_assert(offsetof(kvp_layer_layout, v_scale_bytes) == 168);
 static_assert(sizeof(kvp_write_args) == FirstReleasedSize<kvp_write_args>());

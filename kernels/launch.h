@@ -24,10 +24,16 @@ int LaunchFillPattern(uint32_t* dst, int64_t n, uint32_t seed, void* stream);
 // out of range are skipped too (nothing is written for them).
 int LaunchCacheWrite(const WriteParams& params, void* stream);
 
-// Copies blocks pairs[2i] -> pairs[2i+1] (pairs in device memory) of every
-// layer of the cache at `base`, data and scales, in one launch.
+// Copies blocks pairs[2i] -> pairs[2i+1] of every layer of the cache at
+// `base`, data and scales, in one launch. `pairs` is in device memory, or,
+// with pairs_on_host, in host memory: then the pairs travel in the kernel's
+// parameters (a few launches for many pairs), so nothing is staged in
+// device memory that another stream's copy could overwrite (copy-on-write
+// inside kvp_seq_append runs on the caller's stream). Pairs out of range
+// copy nothing; with `checked` (checked mode) the first is reported there.
 int LaunchCopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
-                     int32_t num_pairs, void* stream);
+                     int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
+                     void* stream);
 
 // Decode: the partition kernel then the reduce kernel, both shaped by
 // `shape` alone. Sequences/partitions past a sequence's length exit at once.

@@ -60,6 +60,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/checked.cuh"
 #include "kernels/common/dequant.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
@@ -191,15 +192,18 @@ __device__ __forceinline__ float Dot8(const float4& a, const float4& b, const fl
 // l + 32 of the span, so each q value read from shared memory (a broadcast)
 // feeds two tokens, and each load instruction of the warp covers 32
 // consecutive tokens: 32 / block_size whole blocks, 16 bytes per token.
-template <DType KT, int D>
+template <DType KT, int D, int kRows>
 __device__ __forceinline__ void LogitsPhase(const DecodeParams& p, const PartitionState& st,
                                             int rt) {
   constexpr int kX = kElems<KT>;
   constexpr int kChunks = (D + kX - 1) / kX;
   constexpr int kSteps = kX / 8;  // 8-code steps per 16-byte chunk
-  // Chunks loaded before use: 4 (16-bit) or 2 per token, 4..8 loads of 16
-  // bytes in flight per lane.
-  constexpr int kBatch = kX == 8 ? 4 : 2;
+  // Chunks loaded before use. One row (MHA): 4 per token, 8 loads of 16
+  // bytes in flight per lane — with little arithmetic per byte the phase
+  // is bound by bytes in flight, and quantized K has fewer bytes per token.
+  // A full row tile: 4 (16-bit) or 2 per token, which keeps the unrolled
+  // body (kRows rows of multiply-adds per code) within the instruction cache.
+  constexpr int kBatch = kRows == 1 ? (kChunks < 4 ? kChunks : 4) : (kX == 8 ? 4 : 2);
   const CacheGeometry& g = p.geo;
   float* smem = SharedWords();
   const float* q_s = smem + st.lay.q;
@@ -243,9 +247,9 @@ __device__ __forceinline__ void LogitsPhase(const DecodeParams& p, const Partiti
         }
       }
     }
-    float acc[kRowTile][kLaneTokens];
+    float acc[kRows][kLaneTokens];
 #pragma unroll
-    for (int r = 0; r < kRowTile; ++r) {
+    for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int k = 0; k < kLaneTokens; ++k) acc[r][k] = 0.0f;
     }
@@ -271,7 +275,7 @@ __device__ __forceinline__ void LogitsPhase(const DecodeParams& p, const Partiti
           for (int k = 0; k < kLaneTokens; ++k) DequantCodes8<KT>(raw[j][k], s, f[k]);
           const float* qc = q_s + (c0 + j) * kX + s * 8;
 #pragma unroll
-          for (int r = 0; r < kRowTile; ++r) {
+          for (int r = 0; r < kRows; ++r) {
             if (r < rt) {
               const float4 qa = LoadFloat4(qc + r * kd);
               const float4 qb = LoadFloat4(qc + r * kd + 4);
@@ -288,7 +292,7 @@ __device__ __forceinline__ void LogitsPhase(const DecodeParams& p, const Partiti
       if (!valid[k]) continue;
       const int t = st.start + slot[k];
 #pragma unroll
-      for (int r = 0; r < kRowTile; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         if (r < rt) {
           float l = acc[r][k] * ks[k].scale;
           if constexpr (KT == DType::kINT4) l = fmaf(ks[k].min, qsum_s[r], l);
@@ -356,13 +360,16 @@ struct VPhaseArgs {
 // or (kCh == 1) the vectors of two positions with the same token segment.
 // Not inlined: one copy per V shape serves all head sizes of a translation
 // unit (compile time).
-template <DType VT, int kTok>
+template <DType VT, int kTok, int kRows>
 __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
   constexpr int kE = kElems<VT>;
   constexpr int kCh = kE / kTok;
   constexpr int kPos = kCh == 1 ? 2 : 1;     // positions per thread at once
   constexpr int kOct = kTok / 8;             // 8-token groups per channel
-  constexpr int kUnroll = kPos == 2 ? 2 : 4; // blocks loaded before use
+  // Blocks loaded before use: 4, so that even one position per thread
+  // (8-bit V with block size 16: 128 vectors) keeps 4 loads in flight;
+  // 2 with two positions and a full row tile (code size, as in the K phase).
+  constexpr int kUnroll = kPos == 2 && kRows > 1 ? 2 : 4;
   float* smem = SharedWords();
   const int* blk_s = reinterpret_cast<const int*>(smem + a.blk);
   const int tid = threadIdx.x;
@@ -384,9 +391,9 @@ __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
     // team is a multiple of segs, so both positions share one token segment.
     const int seg = pos[0] % a.vm.segs;
     const int tok0 = seg * kTok;
-    float acc[kRowTile][kPos][kCh];
+    float acc[kRows][kPos][kCh];
 #pragma unroll
-    for (int r = 0; r < kRowTile; ++r) {
+    for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int k = 0; k < kPos; ++k) {
 #pragma unroll
@@ -432,7 +439,7 @@ __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
             }
             const float* pt = smem + a.logits + slot0 + o * 8;
 #pragma unroll
-            for (int r = 0; r < kRowTile; ++r) {
+            for (int r = 0; r < kRows; ++r) {
               if (r < a.rt) {
                 const float4 pa = LoadFloat4(pt + r * a.P);
                 const float4 pb = LoadFloat4(pt + r * a.P + 4);
@@ -453,7 +460,7 @@ __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
     // multiples of segs, segs <= 4 divides 32): butterfly over them.
     if (kCh == 1 && a.vm.segs > 1) {
 #pragma unroll
-      for (int r = 0; r < kRowTile; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         if (r < a.rt) {
 #pragma unroll
           for (int k = 0; k < kPos; ++k) {
@@ -472,7 +479,7 @@ __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
         if (!act[k]) continue;
         float* out = smem + a.vred + team * a.rt * a.head_size + (pos[k] / a.vm.segs) * kCh;
 #pragma unroll
-        for (int r = 0; r < kRowTile; ++r) {
+        for (int r = 0; r < kRows; ++r) {
           if (r < a.rt) {
 #pragma unroll
             for (int c = 0; c < kCh; ++c) out[r * a.head_size + c] = acc[r][k][c];
@@ -483,46 +490,75 @@ __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
   }
 }
 
+template <int kRows>
 __device__ __forceinline__ void DispatchValuePhase(DType v_dtype, const VPhaseArgs& a) {
   switch (v_dtype) {
     case DType::kBF16:
-      ValuePhase<DType::kBF16, 8>(a);
+      ValuePhase<DType::kBF16, 8, kRows>(a);
       break;
     case DType::kFP16:
-      ValuePhase<DType::kFP16, 8>(a);
+      ValuePhase<DType::kFP16, 8, kRows>(a);
       break;
     case DType::kFP8E4M3:
       if (a.vm.tokens == 8) {
-        ValuePhase<DType::kFP8E4M3, 8>(a);
+        ValuePhase<DType::kFP8E4M3, 8, kRows>(a);
       } else {
-        ValuePhase<DType::kFP8E4M3, 16>(a);
+        ValuePhase<DType::kFP8E4M3, 16, kRows>(a);
       }
       break;
     case DType::kINT8:
       if (a.vm.tokens == 8) {
-        ValuePhase<DType::kINT8, 8>(a);
+        ValuePhase<DType::kINT8, 8, kRows>(a);
       } else {
-        ValuePhase<DType::kINT8, 16>(a);
+        ValuePhase<DType::kINT8, 16, kRows>(a);
       }
       break;
     default:  // INT4
       if (a.vm.tokens == 8) {
-        ValuePhase<DType::kINT4, 8>(a);
+        ValuePhase<DType::kINT4, 8, kRows>(a);
       } else if (a.vm.tokens == 16) {
-        ValuePhase<DType::kINT4, 16>(a);
+        ValuePhase<DType::kINT4, 16, kRows>(a);
       } else {
-        ValuePhase<DType::kINT4, 32>(a);
+        ValuePhase<DType::kINT4, 32, kRows>(a);
       }
   }
 }
 
 // ---- The partition kernel -----------------------------------------------
 
-// 4 blocks (16 warps) per SM: at most 128 registers a thread.
-constexpr int kMinBlocksPerSm = 4;
+// seq_lens[s] as the kernels use it. In checked mode a length outside
+// [0, min(max_context_len, block_table_width * block_size)] — one that would
+// read past the table row or the workspace — is reported and taken as 0.
+__device__ __forceinline__ int SequenceLength(const DecodeParams& p, int s) {
+  const int len = p.seq_lens[s];
+  if (p.checked != nullptr) {
+    const int64_t limit =
+        min(int64_t{p.max_context_len}, int64_t{p.block_table_width} * p.geo.block_size);
+    if (len < 0 || len > limit) {
+      ReportFault(p.checked, DeviceFault::kSeqLenOutOfRange, s, len, limit);
+      return 0;
+    }
+  }
+  return len;
+}
 
-template <DType KT, int D>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+// Index of (row, partition) in the partial_* arrays (src/params.h).
+__device__ __forceinline__ int64_t PartialIndex(const DecodeParams& p, const DecodeShape& shape,
+                                                int seq, int kvh, int group, int row, int part) {
+  const int gi = row / p.query_len;
+  const int i = row - gi * p.query_len;
+  const int h = kvh * group + gi;
+  return ((int64_t{seq} * shape.max_query_len + i) * p.num_q_heads + h) * shape.max_partitions +
+         part;
+}
+
+// 4 blocks (16 warps) per SM: at most 128 registers a thread. The one-row
+// variant, bound by loads in flight, runs 6 (80 registers; 8 spills).
+constexpr int kMinBlocksPerSm = 4;
+constexpr int kMinBlocksPerSmOneRow = 6;
+
+template <DType KT, int D, int kRows>
+__global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow : kMinBlocksPerSm)
     PartitionKernel(const __grid_constant__ DecodeParams p,
                     const __grid_constant__ DecodeShape shape,
                     const __grid_constant__ DecodeWorkspace ws) {
@@ -531,7 +567,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   st.part = blockIdx.x;
   st.kvh = blockIdx.y;
   st.seq = blockIdx.z;
-  st.len = p.seq_lens[st.seq];
+  st.len = SequenceLength(p, st.seq);
   st.P = shape.partition_size;
   st.start = st.part * st.P;
   if (st.start >= st.len) return;  // past this sequence's end: nothing to do
@@ -545,15 +581,45 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int tid = threadIdx.x;
   const int qlen = p.query_len;
 
-  // The partition's block ids and V scales, shared by every row tile.
+  // The partition's block ids and V scales, shared by every row tile. In
+  // checked mode a block id outside [0, num_blocks) is reported and the
+  // partition contributes nothing (it reads no block).
   {
+    __shared__ int bad_block;
     const int32_t* table = p.block_table + int64_t{st.seq} * p.block_table_stride +
                            st.start / bs;
     int* blk_s = reinterpret_cast<int*>(smem + st.lay.blk);
-    for (int b = tid; b < st.nblk; b += kThreads) blk_s[b] = __ldg(table + b);
+    if (tid == 0) bad_block = 0;
+    __syncthreads();
+    for (int b = tid; b < st.nblk; b += kThreads) {
+      int id = __ldg(table + b);
+      if (p.checked != nullptr && (id < 0 || id >= g.num_blocks)) {
+        ReportFault(p.checked, DeviceFault::kBlockIdOutOfRange, st.seq, id, g.num_blocks);
+        bad_block = 1;
+        id = 0;
+      }
+      blk_s[b] = id;
+    }
+    __syncthreads();
+    if (bad_block) {
+      for (int idx = tid; idx < st.rows * D; idx += kThreads) {
+        const int r = idx / D;
+        const int d = idx - r * D;
+        const int64_t base = PartialIndex(p, shape, st.seq, st.kvh, st.group, r, st.part);
+        ws.partial_out[base * D + d] = 0.0f;
+        if (d == 0) {
+          ws.partial_max[base] = -INFINITY;
+          ws.partial_sum[base] = 0.0f;
+        }
+      }
+      return;
+    }
     const uint8_t* vs_head =
         p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride();
     const int entry = g.v_scale_entry_bytes();
+    // Unrolled so that the scattered 2- or 4-byte loads of a thread are in
+    // flight together, not one round trip each.
+#pragma unroll 4
     for (int j = tid; j < st.nblk * bs; j += kThreads) {
       TokenScale s{1.0f, 0.0f};
       if (j >= st.n_valid) {
@@ -561,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       } else if (entry != 0) {
         const int b = j / bs;
         const int off = j - b * bs;
-        s = LoadTokenScale(g.v_dtype, vs_head + int64_t{__ldg(table + b)} * g.v_scale_block_stride() +
+        s = LoadTokenScale(g.v_dtype, vs_head + int64_t{blk_s[b]} * g.v_scale_block_stride() +
                                           off * entry);
       }
       smem[st.lay.vscale + j] = s.scale;
@@ -576,8 +642,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const int kd = st.lay.kd;
   const VMapping vm = MakeVMapping(g);
 
-  for (int r0 = 0; r0 < st.rows; r0 += kRowTile) {
-    const int rt = min(kRowTile, st.rows - r0);
+  for (int r0 = 0; r0 < st.rows; r0 += kRows) {
+    const int rt = min(kRows, st.rows - r0);
     __syncthreads();  // the previous tile is done with shared memory
 
     // Phase 1: q rows of the tile, their positions, windows and slopes.
@@ -621,7 +687,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       __syncthreads();
     }
 
-    LogitsPhase<KT, D>(p, st, rt);
+    LogitsPhase<KT, D, kRows>(p, st, rt);
     __syncthreads();
     SoftmaxPhase(st, rt, bs);
     __syncthreads();
@@ -639,7 +705,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     va.logits = st.lay.logits;
     va.vred = st.lay.vred;
     va.vm = vm;
-    DispatchValuePhase(g.v_dtype, va);
+    DispatchValuePhase<kRows>(g.v_dtype, va);
     __syncthreads();
 
     // Phase 5: merge the teams, normalize, write the partials.
@@ -650,13 +716,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       for (int t = 0; t < vm.teams; ++t) s += smem[st.lay.vred + (t * rt + r) * D + d];
       const float sum = smem[st.lay.row_sum + r];
       const float o = sum > 0.0f ? (s + smem[st.lay.row_pm + r]) / sum : 0.0f;
-      const int row = r0 + r;
-      const int gi = row / qlen;
-      const int i = row - gi * qlen;
-      const int h = st.kvh * st.group + gi;
-      const int64_t base =
-          ((int64_t{st.seq} * shape.max_query_len + i) * p.num_q_heads + h) *
-              shape.max_partitions + st.part;
+      const int64_t base = PartialIndex(p, shape, st.seq, st.kvh, st.group, r0 + r, st.part);
       ws.partial_out[base * D + d] = o;
       if (d == 0) {
         ws.partial_max[base] = smem[st.lay.row_max + r];
@@ -684,7 +744,7 @@ __global__ void __launch_bounds__(kBlock)
   const int s = blockIdx.z;
   const int D = p.geo.head_size;
   const int tid = threadIdx.x;
-  const int len = p.seq_lens[s];
+  const int len = SequenceLength(p, s);
   const int P = shape.partition_size;
   const int nparts = len > 0 ? min((len + P - 1) / P, shape.max_partitions) : 0;
   const int64_t base =
@@ -759,20 +819,34 @@ inline int EnsureDynamicSmem(const void* kernel, size_t bytes, std::atomic<size_
   return cudaSuccess;
 }
 
-// Launches the partition kernel for (KT, D). Defined here, explicitly
-// instantiated in decode_<dtype>.cu, declared extern in decode_dispatch.cu.
-template <DType KT, int D>
-int LaunchPartitionKernel(const DecodeParams& p, const DecodeShape& shape,
-                          const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
+// Launches PartitionKernel<KT, D, kRows>, raising its shared memory limit
+// first where needed (tracked per kernel and device).
+template <DType KT, int D, int kRows>
+int LaunchPartitionKernelRows(const DecodeParams& p, const DecodeShape& shape,
+                              const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
   constexpr int kMaxDevices = 64;
   static std::atomic<size_t> configured[kMaxDevices];
-  const void* fn = reinterpret_cast<const void*>(&PartitionKernel<KT, D>);
+  const void* fn = reinterpret_cast<const void*>(&PartitionKernel<KT, D, kRows>);
   const int err = EnsureDynamicSmem(fn, smem_bytes, configured, kMaxDevices);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(shape.max_partitions),
                   static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  PartitionKernel<KT, D><<<grid, kThreads, smem_bytes, stream>>>(p, shape, ws);
+  PartitionKernel<KT, D, kRows><<<grid, kThreads, smem_bytes, stream>>>(p, shape, ws);
   return cudaGetLastError();
+}
+
+// Launches the partition kernel for (KT, D). Defined here, explicitly
+// instantiated in decode_<dtype>.cu, declared extern in decode_dispatch.cu.
+// One query row per KV head (MHA decode) gets its own variant: its loops,
+// unrolled over one row instead of kRowTile, are 8x smaller, which keeps the
+// hot K and V loops in the instruction cache (the kRowTile variant misses
+// there on every iteration when only one row is live).
+template <DType KT, int D>
+int LaunchPartitionKernel(const DecodeParams& p, const DecodeShape& shape,
+                          const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
+  const int rows = p.num_q_heads / p.geo.num_kv_heads * p.query_len;
+  return rows == 1 ? LaunchPartitionKernelRows<KT, D, 1>(p, shape, ws, smem_bytes, stream)
+                   : LaunchPartitionKernelRows<KT, D, kRowTile>(p, shape, ws, smem_bytes, stream);
 }
 
 #define KVPAGE_DECODE_INSTANTIATE(KT, D)                                              \

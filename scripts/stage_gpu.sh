@@ -19,3 +19,8 @@ cp -P "$BUILD_DIR"/libkvpage.so* .gpu/
 for f in .gpu/*; do ldd "$f" 2>/dev/null; done | awk '/libabsl_/ {print $3}' | sort -u |
   while read -r lib; do cp -L "$lib" .gpu/; done
 du -sh .gpu
+# The same, compressed for the trip to a GPU machine (cubins compress ~3x):
+# there, `mkdir -p .gpu && tar xzf .gpuz/gpu.tgz -C .gpu`.
+rm -rf .gpuz && mkdir -p .gpuz
+tar czf .gpuz/gpu.tgz -C .gpu .
+du -sh .gpuz

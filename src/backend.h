@@ -45,6 +45,11 @@ class Backend {
   // allocator), and the host <-> backend transfers the cache needs.
   virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
+  // A zeroed checked-mode record (src/params.h) that this backend's kernels
+  // can write and the host can read without synchronizing: host-mapped
+  // memory for CUDA (one pointer on both sides, unified addressing).
+  virtual absl::StatusOr<DeviceErrorRecord*> AllocateErrorRecord() = 0;
+  virtual void FreeErrorRecord(DeviceErrorRecord* record) = 0;
   virtual absl::Status Memset(void* ptr, int value, size_t bytes) = 0;
   virtual absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
@@ -63,9 +68,12 @@ class Backend {
                               void* stream) = 0;
 
   // Copies blocks pairs[2i] -> pairs[2i+1] of every layer (data and scales)
-  // of the cache at `base`; `pairs` is in this backend's memory space.
+  // of the cache at `base`; `pairs` is in this backend's memory space, or
+  // in host memory with pairs_on_host. Out-of-range pairs the host could not
+  // check copy nothing; `checked` (checked mode, else null) records them.
   virtual absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base,
                                   const int32_t* pairs, int32_t num_pairs,
+                                  bool pairs_on_host, DeviceErrorRecord* checked,
                                   void* stream) = 0;
 };
 

@@ -11,6 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "src/status.h"
+#include "src/sync.h"
 
 namespace kvpage {
 namespace {
@@ -23,7 +25,7 @@ int64_t BlocksFor(int64_t length, int32_t block_size) {
 
 absl::Status UnknownSequence(int64_t seq) {
   return absl::InvalidArgumentError(
-      absl::StrFormat("seq_id %d does not exist", seq));
+      kvpage::StrFormat("seq_id %d does not exist", seq));
 }
 
 }  // namespace
@@ -43,28 +45,32 @@ BlockManager::BlockManager(int32_t num_blocks, int32_t block_size)
 }
 
 absl::StatusOr<int64_t> BlockManager::CreateSequence() {
-  absl::MutexLock lock(&mu_);
-  const int64_t id = next_id_++;
-  seqs_.emplace(id, Sequence{});
+  MutexLock lock(&mu_);
+  const int64_t id = next_id_;
+  seqs_.emplace(id, Sequence{});  // may throw std::bad_alloc: nothing changed yet
+  ++next_id_;
   return id;
 }
 
 absl::StatusOr<int64_t> BlockManager::Fork(int64_t parent) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(parent);
   if (it == seqs_.end()) return UnknownSequence(parent);
   // Check before touching any count, so that a failure changes nothing.
   for (int32_t b : it->second.blocks) {
     if (ref_counts_[b] == std::numeric_limits<int32_t>::max()) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
+      return absl::ResourceExhaustedError(kvpage::StrFormat(
           "block %d of seq_id %d is already shared by %d sequences", b, parent,
           ref_counts_[b]));
     }
   }
-  Sequence child = it->second;  // Copy before emplace may rehash `it` away.
-  for (int32_t b : child.blocks) ++ref_counts_[b];
-  const int64_t id = next_id_++;
-  seqs_.emplace(id, std::move(child));
+  // Insert first (a copy, then an insertion that may rehash `it` away; both
+  // may throw std::bad_alloc), count references once nothing can fail.
+  Sequence child = it->second;
+  const int64_t id = next_id_;
+  const Sequence& inserted = seqs_.emplace(id, std::move(child)).first->second;
+  ++next_id_;
+  for (int32_t b : inserted.blocks) ++ref_counts_[b];
   return id;
 }
 
@@ -76,9 +82,9 @@ absl::StatusOr<std::vector<int64_t>> BlockManager::Append(
     absl::FunctionRef<absl::Status(absl::Span<const BlockCopy>)> copy) {
   if (num_tokens < 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("num_tokens must be >= 0, got %d", num_tokens));
+        kvpage::StrFormat("num_tokens must be >= 0, got %d", num_tokens));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return UnknownSequence(seq);
   Sequence& s = it->second;
@@ -86,7 +92,7 @@ absl::StatusOr<std::vector<int64_t>> BlockManager::Append(
 
   const int64_t new_length = int64_t{s.length} + num_tokens;
   if (new_length > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    return absl::InvalidArgumentError(kvpage::StrFormat(
         "num_tokens %d would make seq_id %d longer than %d tokens "
         "(current length %d)",
         num_tokens, seq, std::numeric_limits<int32_t>::max(), s.length));
@@ -101,7 +107,7 @@ absl::StatusOr<std::vector<int64_t>> BlockManager::Append(
   const int64_t needed = new_blocks + (cow ? 1 : 0);
   const int64_t num_free = static_cast<int64_t>(free_blocks_.size());
   if (needed > num_free) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
+    return absl::ResourceExhaustedError(kvpage::StrFormat(
         "appending %d tokens to seq_id %d (length %d) needs %d free blocks, "
         "only %d are free",
         num_tokens, seq, s.length, needed, num_free));
@@ -112,6 +118,11 @@ absl::StatusOr<std::vector<int64_t>> BlockManager::Append(
   // was without having to undo anything.
   // free_blocks_[next - 1] is the next block handed out.
   size_t next = free_blocks_.size();
+  // Everything that allocates comes before the copy and the commit, so that
+  // a std::bad_alloc (mapped to KVP_ERR_OUT_OF_MEMORY) changes nothing.
+  std::vector<int64_t> slots;
+  slots.reserve(static_cast<size_t>(num_tokens));
+  s.blocks.reserve(s.blocks.size() + static_cast<size_t>(new_blocks));
   BlockCopy copies[1];
   size_t num_copies = 0;
   if (cow) {
@@ -135,8 +146,6 @@ absl::StatusOr<std::vector<int64_t>> BlockManager::Append(
   }
   free_blocks_.resize(next);
 
-  std::vector<int64_t> slots;
-  slots.reserve(static_cast<size_t>(num_tokens));
   for (int64_t pos = s.length; pos < new_length; ++pos) {
     const int64_t block = s.blocks[static_cast<size_t>(pos / block_size_)];
     slots.push_back(block * block_size_ + pos % block_size_);
@@ -146,12 +155,12 @@ absl::StatusOr<std::vector<int64_t>> BlockManager::Append(
 }
 
 absl::Status BlockManager::Truncate(int64_t seq, int32_t length) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return UnknownSequence(seq);
   Sequence& s = it->second;
   if (length < 0 || length > s.length) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    return absl::InvalidArgumentError(kvpage::StrFormat(
         "length must be in [0, %d] (the current length of seq_id %d), got %d",
         s.length, seq, length));
   }
@@ -168,7 +177,7 @@ absl::Status BlockManager::Truncate(int64_t seq, int32_t length) {
 }
 
 absl::Status BlockManager::Free(int64_t seq) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return UnknownSequence(seq);
   const std::vector<int32_t>& blocks = it->second.blocks;
@@ -180,32 +189,32 @@ absl::Status BlockManager::Free(int64_t seq) {
 }
 
 absl::StatusOr<int32_t> BlockManager::Length(int64_t seq) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return UnknownSequence(seq);
   return it->second.length;
 }
 
 absl::StatusOr<std::vector<int32_t>> BlockManager::Blocks(int64_t seq) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return UnknownSequence(seq);
   return it->second.blocks;
 }
 
 int32_t BlockManager::NumFreeBlocks() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return static_cast<int32_t>(free_blocks_.size());
 }
 
 int32_t BlockManager::RefCount(int32_t block) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (block < 0 || block >= num_blocks_) return -1;
   return ref_counts_[block];
 }
 
 int64_t BlockManager::NumSequences() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return static_cast<int64_t>(seqs_.size());
 }
 
@@ -214,20 +223,20 @@ absl::Status BlockManager::ExportBlockTable(absl::Span<const int64_t> seqs,
                                             int64_t row_stride, int32_t* table,
                                             int32_t* lens) const {
   if (max_blocks_per_seq < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    return absl::InvalidArgumentError(kvpage::StrFormat(
         "max_blocks_per_seq must be >= 0, got %d", max_blocks_per_seq));
   }
   if (row_stride < max_blocks_per_seq) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("row_stride must be >= max_blocks_per_seq (%d), got %d",
+        kvpage::StrFormat("row_stride must be >= max_blocks_per_seq (%d), got %d",
                         max_blocks_per_seq, row_stride));
   }
   if (table == nullptr && !seqs.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
+    return absl::InvalidArgumentError(kvpage::StrFormat(
         "table must not be null when num_seqs > 0 (num_seqs = %d)",
         seqs.size()));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   // Every check comes before the first write: a failed export leaves the
   // caller's buffers untouched.
   std::vector<const Sequence*> found;
@@ -236,11 +245,11 @@ absl::Status BlockManager::ExportBlockTable(absl::Span<const int64_t> seqs,
     auto it = seqs_.find(seqs[i]);
     if (it == seqs_.end()) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("seqs[%d]: seq_id %d does not exist", i, seqs[i]));
+          kvpage::StrFormat("seqs[%d]: seq_id %d does not exist", i, seqs[i]));
     }
     const size_t n = it->second.blocks.size();
     if (n > static_cast<size_t>(max_blocks_per_seq)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
+      return absl::InvalidArgumentError(kvpage::StrFormat(
           "seq_id %d has %d blocks, more than max_blocks_per_seq = %d", seqs[i],
           n, max_blocks_per_seq));
     }

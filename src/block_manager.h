@@ -7,9 +7,9 @@
 #define KVPAGE_SRC_BLOCK_MANAGER_H_
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -87,7 +87,11 @@ class BlockManager {
   mutable absl::Mutex mu_;
   std::vector<int32_t> ref_counts_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> free_blocks_ ABSL_GUARDED_BY(mu_);  // a stack
-  absl::flat_hash_map<int64_t, Sequence> seqs_ ABSL_GUARDED_BY(mu_);
+  // std::unordered_map, not absl::flat_hash_map: an insertion whose
+  // allocation throws std::bad_alloc must leave the map as it was, and
+  // Abseil's swiss tables corrupt themselves when a rehash fails to
+  // allocate (docs/RELIABILITY.md).
+  std::unordered_map<int64_t, Sequence> seqs_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

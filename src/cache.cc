@@ -1,9 +1,10 @@
 #include "src/cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "src/status.h"
 
@@ -20,39 +21,41 @@ bool IsActivationDtype(DType t) {
 
 absl::Status ValidateGeometry(const CacheGeometry& g) {
   if (g.num_layers < 1) {
-    return InvalidArgument(absl::StrFormat("config->num_layers = %d, must be >= 1", g.num_layers));
+    return InvalidArgument(kvpage::StrFormat("config->num_layers = %d, must be >= 1", g.num_layers));
   }
   if (g.num_blocks < 1) {
-    return InvalidArgument(absl::StrFormat("config->num_blocks = %d, must be >= 1", g.num_blocks));
+    return InvalidArgument(kvpage::StrFormat("config->num_blocks = %d, must be >= 1", g.num_blocks));
   }
   if (g.block_size != 8 && g.block_size != 16 && g.block_size != 32) {
     return InvalidArgument(
-        absl::StrFormat("config->block_size = %d, must be 8, 16 or 32", g.block_size));
+        kvpage::StrFormat("config->block_size = %d, must be 8, 16 or 32", g.block_size));
   }
-  if (g.num_kv_heads < 1) {
-    return InvalidArgument(
-        absl::StrFormat("config->num_kv_heads = %d, must be >= 1", g.num_kv_heads));
+  // The CUDA kernels put KV heads on grid y (at most 65535); no model has
+  // more than a few hundred.
+  if (g.num_kv_heads < 1 || g.num_kv_heads > 65535) {
+    return InvalidArgument(kvpage::StrFormat(
+        "config->num_kv_heads = %d, must be between 1 and 65535", g.num_kv_heads));
   }
   switch (g.head_size) {
     case 64: case 80: case 96: case 112: case 128: case 256: break;
     default:
-      return InvalidArgument(absl::StrFormat(
+      return InvalidArgument(kvpage::StrFormat(
           "config->head_size = %d, must be 64, 80, 96, 112, 128 or 256", g.head_size));
   }
   if (!IsCacheDtype(g.k_dtype)) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "config->k_dtype = %d, must be FP16 (1), BF16 (2), FP8_E4M3 (3), INT8 (4) or INT4 (5)",
         static_cast<int>(g.k_dtype)));
   }
   if (!IsCacheDtype(g.v_dtype)) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "config->v_dtype = %d, must be FP16 (1), BF16 (2), FP8_E4M3 (3), INT8 (4) or INT4 (5)",
         static_cast<int>(g.v_dtype)));
   }
   // Slots (block * block_size + offset) and table entries are int32 inside
   // the kernels; a layer must stay addressable with int64 offsets.
   if (int64_t{g.num_blocks} * g.block_size > INT32_MAX) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "config->num_blocks = %d: num_blocks * block_size must be < 2^31", g.num_blocks));
   }
   // Every byte count of the geometry is int64: bound the whole cache
@@ -62,9 +65,8 @@ absl::Status ValidateGeometry(const CacheGeometry& g) {
   const __int128 total = static_cast<__int128>(g.num_layers) * g.num_blocks * g.block_size *
                              g.num_kv_heads * per_token_head +
                          static_cast<__int128>(g.num_layers) * 4 * kRegionAlignment;
-  constexpr __int128 kMaxCacheBytes = static_cast<__int128>(1) << 56;  // 64 PiB
-  if (total > kMaxCacheBytes) {
-    return InvalidArgument(absl::StrFormat(
+  if (total > kMaxBytes) {  // 64 PiB
+    return InvalidArgument(kvpage::StrFormat(
         "config describes a cache of more than 2^56 bytes (num_layers %d x num_blocks %d x "
         "block_size %d x num_kv_heads %d x head_size %d)",
         g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_size));
@@ -72,30 +74,52 @@ absl::Status ValidateGeometry(const CacheGeometry& g) {
   return absl::OkStatus();
 }
 
+absl::Status CheckRowExtent(const char* name, int64_t stride, int64_t rows, int64_t row_elems) {
+  if (rows <= 0) return absl::OkStatus();
+  const __int128 step = stride == 0 ? row_elems : stride;
+  const __int128 end = (static_cast<__int128>(rows) - 1) * step + row_elems;
+  if (end > kMaxBytes) {
+    return InvalidArgument(kvpage::StrFormat(
+        "%s = %d: %d rows of it span more than 2^56 elements", name, stride, rows));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs,
                                 int32_t src_blocks, int32_t dst_blocks,
                                 bool same_cache) {
-  absl::flat_hash_set<int32_t> dsts;
+  // Destinations sorted with their pair index find duplicates without a
+  // hash set (Abseil's corrupt themselves when an allocation throws).
+  std::vector<std::pair<int32_t, int32_t>> dsts;  // (destination, pair)
+  dsts.reserve(static_cast<size_t>(num_pairs));
+  for (int32_t i = 0; i < num_pairs; ++i) dsts.emplace_back(pairs[2 * i + 1], i);
+  std::sort(dsts.begin(), dsts.end());
+  int32_t first_repeat = num_pairs;  // the first pair whose destination an earlier one has
+  for (size_t k = 1; k < dsts.size(); ++k) {
+    if (dsts[k].first == dsts[k - 1].first) first_repeat = std::min(first_repeat, dsts[k].second);
+  }
   for (int32_t i = 0; i < num_pairs; ++i) {
     const int32_t src = pairs[2 * i], dst = pairs[2 * i + 1];
     if (src < 0 || src >= src_blocks) {
-      return InvalidArgument(absl::StrFormat(
+      return InvalidArgument(kvpage::StrFormat(
           "pairs[%d] (source of pair %d) = %d is out of range [0, %d)", 2 * i, i, src, src_blocks));
     }
     if (dst < 0 || dst >= dst_blocks) {
-      return InvalidArgument(absl::StrFormat(
+      return InvalidArgument(kvpage::StrFormat(
           "pairs[%d] (destination of pair %d) = %d is out of range [0, %d)", 2 * i + 1, i, dst,
           dst_blocks));
     }
-    if (!dsts.insert(dst).second) {
-      return InvalidArgument(absl::StrFormat(
+    if (i == first_repeat) {
+      return InvalidArgument(kvpage::StrFormat(
           "pairs[%d] = %d: block %d is the destination of two pairs", 2 * i + 1, dst, dst));
     }
   }
   if (same_cache) {
     for (int32_t i = 0; i < num_pairs; ++i) {
-      if (dsts.contains(pairs[2 * i])) {
-        return InvalidArgument(absl::StrFormat(
+      const auto at = std::lower_bound(dsts.begin(), dsts.end(),
+                                       std::make_pair(pairs[2 * i], INT32_MIN));
+      if (at != dsts.end() && at->first == pairs[2 * i]) {
+        return InvalidArgument(kvpage::StrFormat(
             "pairs[%d] = %d: block %d is both a source and a destination", 2 * i,
             pairs[2 * i], pairs[2 * i]));
       }
@@ -107,6 +131,7 @@ absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs,
 Cache::Cache(CacheOptions options, std::unique_ptr<Backend> backend)
     : geo_(options.geometry),
       allocator_(options.allocator),
+      checked_wanted_(options.checked),
       backend_(std::move(backend)),
       blocks_(options.geometry.num_blocks, options.geometry.block_size) {}
 
@@ -121,7 +146,7 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(CacheOptions options) {
     for (size_t i = 0; i < want; ++i) {
       const float l = options.key_smoothing[i];
       if (!(std::isfinite(l) && l > 0)) {
-        return InvalidArgument(absl::StrFormat(
+        return InvalidArgument(kvpage::StrFormat(
             "config->key_smoothing[%d] = %g, must be positive and finite", i, l));
       }
     }
@@ -150,13 +175,13 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(CacheOptions options) {
                                   static_cast<int32_t>(cache->device_kind()),
                                   cache->device_ordinal());
     if (mem == nullptr) {
-      return OutOfMemory(absl::StrFormat(
+      return OutOfMemory(kvpage::StrFormat(
           "the engine allocator returned NULL for %d bytes", bytes));
     }
     if (reinterpret_cast<uintptr_t>(mem) % kRegionAlignment != 0) {
       cache->allocator_.free(cache->allocator_.user_data, mem, bytes,
                              static_cast<int32_t>(cache->device_kind()), cache->device_ordinal());
-      return InvalidArgument(absl::StrFormat(
+      return InvalidArgument(kvpage::StrFormat(
           "the engine allocator returned %p, not aligned to %d bytes", mem, kRegionAlignment));
     }
   } else {
@@ -173,10 +198,54 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(CacheOptions options) {
     cache->smoothing_ = reinterpret_cast<const float*>(cache->base_ + smoothing_offset);
   }
   cache->counters_ = reinterpret_cast<WriteCounters*>(cache->base_ + counters_offset);
+  if (cache->checked_wanted_) {
+    KVP_ASSIGN_OR_RETURN(cache->checked_, cache->backend_->AllocateErrorRecord());
+    if (cache->checked_ == nullptr) {
+      return OutOfMemory("could not allocate the checked-mode error record");
+    }
+  }
   return cache;
 }
 
+absl::Status Cache::TakeDeviceFault() const {
+  if (checked_ == nullptr) return absl::OkStatus();
+  // Published last by the kernel (kernels/common/checked.cuh); taking it
+  // with an exchange lets one caller report it, then the record is free
+  // for the next fault.
+  const uint32_t fault = __atomic_exchange_n(&checked_->fault, 0u, __ATOMIC_ACQ_REL);
+  if (fault == 0) return absl::OkStatus();
+  const int64_t where = __atomic_load_n(&checked_->where, __ATOMIC_RELAXED);
+  const int64_t value = __atomic_load_n(&checked_->value, __ATOMIC_RELAXED);
+  const int64_t limit = __atomic_load_n(&checked_->limit, __ATOMIC_RELAXED);
+  __atomic_store_n(&checked_->claim, 0u, __ATOMIC_RELEASE);
+  switch (static_cast<DeviceFault>(fault)) {
+    case DeviceFault::kSlotOutOfRange:
+      return InvalidArgument(kvpage::StrFormat(
+          "checked mode: an earlier kvp_cache_write had slot_mapping[%d] = %d, out of range "
+          "[-1, %d); that token was not written",
+          where, value, limit));
+    case DeviceFault::kSeqLenOutOfRange:
+      return InvalidArgument(kvpage::StrFormat(
+          "checked mode: an earlier kvp_decode had seq_lens[%d] = %d, out of range [0, %d] "
+          "(max_context_len, block_table_width * block_size); it was decoded as empty",
+          where, value, limit));
+    case DeviceFault::kBlockIdOutOfRange:
+      return InvalidArgument(kvpage::StrFormat(
+          "checked mode: an earlier kvp_decode had block id %d in block_table row %d, out of "
+          "range [0, %d); that part of the sequence was not read",
+          value, where, limit));
+    case DeviceFault::kCopyPairOutOfRange:
+      return InvalidArgument(kvpage::StrFormat(
+          "checked mode: an earlier kvp_cache_copy_blocks had block id %d in pair %d, out of "
+          "range [0, %d); that pair was not copied",
+          value, where, limit));
+    default:
+      return Internal(kvpage::StrFormat("checked mode: unknown device fault %d", fault));
+  }
+}
+
 Cache::~Cache() {
+  if (checked_ != nullptr) backend_->FreeErrorRecord(checked_);
   if (base_ == nullptr) return;
   if (allocator_.free != nullptr) {
     allocator_.free(allocator_.user_data, base_, bytes_, static_cast<int32_t>(device_kind()),
@@ -187,15 +256,16 @@ Cache::~Cache() {
 }
 
 absl::Status Cache::Write(const WriteRequest& r, void* stream) {
+  KVP_RETURN_IF_ERROR(TakeDeviceFault());  // checked mode: an earlier kernel's finding
   if (r.layer < 0 || r.layer >= geo_.num_layers) {
-    return InvalidArgument(absl::StrFormat("args->layer = %d is out of range [0, %d)", r.layer,
+    return InvalidArgument(kvpage::StrFormat("args->layer = %d is out of range [0, %d)", r.layer,
                                            geo_.num_layers));
   }
   if (r.num_tokens < 0) {
-    return InvalidArgument(absl::StrFormat("args->num_tokens = %d, must be >= 0", r.num_tokens));
+    return InvalidArgument(kvpage::StrFormat("args->num_tokens = %d, must be >= 0", r.num_tokens));
   }
   if (!IsActivationDtype(r.input_dtype)) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "args->input_dtype = %d, must be FP32 (0), FP16 (1) or BF16 (2)",
         static_cast<int>(r.input_dtype)));
   }
@@ -204,18 +274,21 @@ absl::Status Cache::Write(const WriteRequest& r, void* stream) {
   p.key_stride = r.key_stride == 0 ? dense : r.key_stride;
   p.value_stride = r.value_stride == 0 ? dense : r.value_stride;
   if (p.key_stride < dense) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "args->key_token_stride = %d, must be 0 or >= num_kv_heads * head_size = %d",
         r.key_stride, dense));
   }
   if (p.value_stride < dense) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "args->value_token_stride = %d, must be 0 or >= num_kv_heads * head_size = %d",
         r.value_stride, dense));
   }
   if (r.num_tokens == 0) return absl::OkStatus();
+  KVP_RETURN_IF_ERROR(CheckRowExtent("args->key_token_stride", r.key_stride, r.num_tokens, dense));
+  KVP_RETURN_IF_ERROR(
+      CheckRowExtent("args->value_token_stride", r.value_stride, r.num_tokens, dense));
   if (r.key == nullptr || r.value == nullptr || r.slot_mapping == nullptr) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "args->%s is NULL with num_tokens = %d",
         r.key == nullptr ? "key" : r.value == nullptr ? "value" : "slot_mapping", r.num_tokens));
   }
@@ -228,33 +301,38 @@ absl::Status Cache::Write(const WriteRequest& r, void* stream) {
   p.slot_mapping = r.slot_mapping;
   p.key_smoothing = smoothing_;
   p.counters = counters_;
+  p.checked = checked_record();
   return backend_->Write(p, stream);
 }
 
 absl::Status Cache::CopyBlocks(const int32_t* pairs, int32_t num_pairs, void* stream) {
+  KVP_RETURN_IF_ERROR(TakeDeviceFault());  // checked mode: an earlier kernel's finding
   if (num_pairs < 0) {
-    return InvalidArgument(absl::StrFormat("num_pairs = %d, must be >= 0", num_pairs));
+    return InvalidArgument(kvpage::StrFormat("num_pairs = %d, must be >= 0", num_pairs));
   }
   if (num_pairs == 0) return absl::OkStatus();
   if (pairs == nullptr) {
-    return InvalidArgument(absl::StrFormat("pairs is NULL with num_pairs = %d", num_pairs));
+    return InvalidArgument(kvpage::StrFormat("pairs is NULL with num_pairs = %d", num_pairs));
   }
   if (device_kind() == DeviceKind::kCpu) {
     KVP_RETURN_IF_ERROR(
         ValidateBlockPairs(pairs, num_pairs, geo_.num_blocks, geo_.num_blocks, true));
   }
-  return backend_->CopyBlocks(geo_, base_, pairs, num_pairs, stream);
+  return backend_->CopyBlocks(geo_, base_, pairs, num_pairs, /*pairs_on_host=*/false,
+                              checked_record(), stream);
 }
 
 absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs,
                                        int32_t num_pairs, void* stream) {
+  KVP_RETURN_IF_ERROR(TakeDeviceFault());
+  KVP_RETURN_IF_ERROR(src.TakeDeviceFault());
   const CacheGeometry& a = src.geo_;
   const CacheGeometry& b = geo_;
   if (a.num_layers != b.num_layers || a.block_size != b.block_size ||
       a.num_kv_heads != b.num_kv_heads || a.head_size != b.head_size ||
       a.k_dtype != b.k_dtype || a.v_dtype != b.v_dtype ||
       src.has_key_smoothing() != has_key_smoothing()) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "src and dst caches differ in geometry: layers %d/%d, block_size %d/%d, kv_heads "
         "%d/%d, head_size %d/%d, k_dtype %d/%d, v_dtype %d/%d, key smoothing %d/%d",
         a.num_layers, b.num_layers, a.block_size, b.block_size, a.num_kv_heads,
@@ -263,11 +341,11 @@ absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs,
         src.has_key_smoothing(), has_key_smoothing()));
   }
   if (num_pairs < 0) {
-    return InvalidArgument(absl::StrFormat("num_pairs = %d, must be >= 0", num_pairs));
+    return InvalidArgument(kvpage::StrFormat("num_pairs = %d, must be >= 0", num_pairs));
   }
   if (num_pairs == 0) return absl::OkStatus();
   if (pairs == nullptr) {
-    return InvalidArgument(absl::StrFormat("pairs is NULL with num_pairs = %d", num_pairs));
+    return InvalidArgument(kvpage::StrFormat("pairs is NULL with num_pairs = %d", num_pairs));
   }
   KVP_RETURN_IF_ERROR(
       ValidateBlockPairs(pairs, num_pairs, a.num_blocks, b.num_blocks, &src == this));
@@ -293,31 +371,39 @@ absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs,
 absl::StatusOr<std::vector<int64_t>> Cache::Append(int64_t seq, int32_t num_tokens,
                                                    void* stream) {
   return blocks_.Append(seq, num_tokens, [&](absl::Span<const BlockCopy> copies) {
-    // Region by region on the stream: the pairs are host values, and a
-    // device-side pair list shared between streams would race.
+    // Every layer, data and scales, through the block copy kernel; the
+    // pairs are host values and travel by value (no device staging another
+    // stream could race on).
+    std::vector<int32_t> pairs;
+    pairs.reserve(2 * copies.size());
     for (const BlockCopy& c : copies) {
-      for (int32_t l = 0; l < geo_.num_layers; ++l) {
-        for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
-          const CacheGeometry::BlockRegion region = geo_.block_region(r);
-          if (region.block_stride == 0) continue;
-          KVP_RETURN_IF_ERROR(backend_->CopyAsync(
-              layer(l) + region.offset + c.dst * region.block_stride,
-              layer(l) + region.offset + c.src * region.block_stride, region.block_stride,
-              stream));
-        }
-      }
+      pairs.push_back(c.src);
+      pairs.push_back(c.dst);
     }
-    return absl::OkStatus();
+    return backend_->CopyBlocks(geo_, base_, pairs.data(), static_cast<int32_t>(copies.size()),
+                                /*pairs_on_host=*/true, checked_record(), stream);
   });
 }
 
 absl::StatusOr<WriteCounters> Cache::ReadCounters() const {
   WriteCounters c{};
+  if (device_kind() == DeviceKind::kCpu) {
+    // CPU writes on other threads add to the counters atomically: read them
+    // the same way (a plain copy would be a data race).
+    c.non_finite = __atomic_load_n(&counters_->non_finite, __ATOMIC_RELAXED);
+    c.saturated = __atomic_load_n(&counters_->saturated, __ATOMIC_RELAXED);
+    return c;
+  }
   KVP_RETURN_IF_ERROR(backend_->CopyToHost(&c, counters_, sizeof(c)));
   return c;
 }
 
 absl::Status Cache::ResetCounters() {
+  if (device_kind() == DeviceKind::kCpu) {
+    __atomic_store_n(&counters_->non_finite, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&counters_->saturated, 0, __ATOMIC_RELAXED);
+    return absl::OkStatus();
+  }
   return backend_->Memset(counters_, 0, sizeof(WriteCounters));
 }
 

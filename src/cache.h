@@ -24,6 +24,7 @@ struct CacheOptions {
   CacheGeometry geometry;
   std::vector<float> key_smoothing;  // empty, or num_kv_heads * head_size
   Allocator allocator;               // null functions = backend's own
+  bool checked = false;              // kvp_cache_config.checked
 };
 
 // Validates a geometry (messages name the kvp_cache_config fields).
@@ -57,6 +58,9 @@ class Cache {
   BlockManager& blocks() { return blocks_; }
   const BlockManager& blocks() const { return blocks_; }
   bool has_key_smoothing() const { return smoothing_ != nullptr; }
+  // The engine's allocator (null functions when it gave none): the cache's
+  // memory and the workspaces decoders own come from it.
+  const Allocator& allocator() const { return allocator_; }
   // Key smoothing vector in the cache's memory space, or null.
   const float* key_smoothing() const { return smoothing_; }
   uint8_t* layer(int32_t l) const { return base_ + l * geo_.layer_bytes(); }
@@ -77,18 +81,36 @@ class Cache {
   absl::StatusOr<WriteCounters> ReadCounters() const;
   absl::Status ResetCounters();
 
+  // Checked mode (CacheOptions::checked): the record kernels report bad
+  // device-side data to, else null.
+  DeviceErrorRecord* checked_record() const { return checked_; }
+  // The fault a kernel recorded since the last call, as an
+  // INVALID_ARGUMENT error (and the record cleared); OK when none.
+  absl::Status TakeDeviceFault() const;
+
  private:
   Cache(CacheOptions options, std::unique_ptr<Backend> backend);
 
   CacheGeometry geo_;
   Allocator allocator_;
+  bool checked_wanted_ = false;
   std::unique_ptr<Backend> backend_;
   BlockManager blocks_;
   uint8_t* base_ = nullptr;   // num_layers regions, then smoothing, counters
   size_t bytes_ = 0;
   const float* smoothing_ = nullptr;
   WriteCounters* counters_ = nullptr;  // in the cache's memory space
+  DeviceErrorRecord* checked_ = nullptr;  // host-mapped (CUDA) or host memory
 };
+
+// Bound on every byte count and element offset the operations compute
+// (the cache itself, decode workspaces, strided rows): far inside int64.
+constexpr int64_t kMaxBytes = int64_t{1} << 56;
+
+// A strided array of `rows` rows of `row_elems` elements, `stride` apart
+// (0 = dense): fails, naming `name` and its value, unless the last row ends
+// below kMaxBytes elements.
+absl::Status CheckRowExtent(const char* name, int64_t stride, int64_t rows, int64_t row_elems);
 
 // Validates block pairs held in host memory: sources in [0, src_blocks),
 // destinations in [0, dst_blocks), destinations distinct and (when both

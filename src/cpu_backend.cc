@@ -73,11 +73,16 @@ class CpuBackend final : public Backend {
         static_cast<size_t>(AlignUp(static_cast<int64_t>(bytes), kRegionAlignment));
     void* p = std::aligned_alloc(kRegionAlignment, rounded);
     if (p == nullptr) {
-      return OutOfMemory(absl::StrFormat("could not allocate %d bytes of host memory", bytes));
+      return OutOfMemory(kvpage::StrFormat("could not allocate %d bytes of host memory", bytes));
     }
     return p;
   }
   void Free(void* ptr) override { std::free(ptr); }
+  absl::StatusOr<DeviceErrorRecord*> AllocateErrorRecord() override {
+    // Never written here: the CPU backend validates on the host.
+    return new (std::nothrow) DeviceErrorRecord{};
+  }
+  void FreeErrorRecord(DeviceErrorRecord* record) override { delete record; }
   absl::Status Memset(void* ptr, int value, size_t bytes) override {
     std::memset(ptr, value, bytes);
     return absl::OkStatus();
@@ -104,6 +109,7 @@ class CpuBackend final : public Backend {
                       void* workspace, void* stream) override;
   absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base,
                           const int32_t* pairs, int32_t num_pairs,
+                          bool pairs_on_host, DeviceErrorRecord* checked,
                           void* stream) override;
 };
 
@@ -113,7 +119,7 @@ absl::Status CpuBackend::Write(const WriteParams& p, void*) {
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
     if (slot < -1 || slot >= num_slots) {
-      return InvalidArgument(absl::StrFormat(
+      return InvalidArgument(kvpage::StrFormat(
           "slot_mapping[%d] = %d is out of range: slots are -1 (skip) or in "
           "[0, %d) (num_blocks * block_size)",
           t, slot, num_slots));
@@ -171,7 +177,7 @@ absl::Status ValidateDecodeInputs(const DecodeParams& p) {
   for (int32_t s = 0; s < p.num_seqs; ++s) {
     const int32_t len = p.seq_lens[s];
     if (len < 0 || len > p.max_context_len || len > table_tokens) {
-      return InvalidArgument(absl::StrFormat(
+      return InvalidArgument(kvpage::StrFormat(
           "seq_lens[%d] = %d is out of range [0, %d] (max_context_len %d, "
           "block_table_width %d * block_size %d)",
           s, len, std::min<int64_t>(p.max_context_len, table_tokens),
@@ -181,7 +187,7 @@ absl::Status ValidateDecodeInputs(const DecodeParams& p) {
     for (int32_t j = 0; j < blocks; ++j) {
       const int32_t id = p.block_table[s * p.block_table_stride + j];
       if (id < 0 || id >= g.num_blocks) {
-        return InvalidArgument(absl::StrFormat(
+        return InvalidArgument(kvpage::StrFormat(
             "block_table[%d][%d] = %d is out of range [0, %d)", s, j, id,
             g.num_blocks));
       }
@@ -201,9 +207,15 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
   const uint8_t* k_scales = p.layer + g.k_scale_offset();
   const uint8_t* v_scales = p.layer + g.v_scale_offset();
 
+  // Results are gathered here and stored once every work item is done, so
+  // that a failure (std::bad_alloc in a worker) leaves out and lse untouched.
+  const int64_t num_rows = int64_t{p.num_seqs} * p.query_len;
+  std::vector<float> results(static_cast<size_t>(num_rows * p.num_q_heads * D));
+  std::vector<float> lses(p.lse ? static_cast<size_t>(num_rows * p.num_q_heads) : 0);
+
   // One work item per (sequence, KV head): dequantize its K and V once,
   // then serve every query head of the group and every query token.
-  return ParallelFor(int64_t{p.num_seqs} * g.num_kv_heads, [&](int64_t item) {
+  KVP_RETURN_IF_ERROR(ParallelFor(int64_t{p.num_seqs} * g.num_kv_heads, [&](int64_t item) {
     const int32_t s = static_cast<int32_t>(item / g.num_kv_heads);
     const int kvh = static_cast<int>(item % g.num_kv_heads);
     const int32_t len = p.seq_lens[s];
@@ -253,18 +265,28 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
           for (int d = 0; d < D; ++d) acc[d] /= sum;
           lse = m + std::log(sum);
         }
-        for (int d = 0; d < D; ++d) {
-          StoreFromFloat(p.out_dtype, p.out, row * p.out_stride + int64_t{h} * D + d,
-                         static_cast<float>(acc[d]));
-        }
-        if (p.lse) p.lse[row * p.num_q_heads + h] = static_cast<float>(lse);
+        float* result = results.data() + (row * p.num_q_heads + h) * D;
+        for (int d = 0; d < D; ++d) result[d] = static_cast<float>(acc[d]);
+        if (p.lse) lses[row * p.num_q_heads + h] = static_cast<float>(lse);
       }
     }
-  });
+  }));
+  for (int64_t row = 0; row < num_rows; ++row) {
+    for (int h = 0; h < p.num_q_heads; ++h) {
+      const float* result = results.data() + (row * p.num_q_heads + h) * D;
+      for (int d = 0; d < D; ++d) {
+        StoreFromFloat(p.out_dtype, p.out, row * p.out_stride + int64_t{h} * D + d, result[d]);
+      }
+    }
+  }
+  if (p.lse) std::copy(lses.begin(), lses.end(), p.lse);
+  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::CopyBlocks(const CacheGeometry& g, uint8_t* base,
                                     const int32_t* pairs, int32_t num_pairs,
+                                    bool /*pairs_on_host: the same memory here*/,
+                                    DeviceErrorRecord* /*checked: pairs validated by Cache*/,
                                     void*) {
   for (int32_t layer = 0; layer < g.num_layers; ++layer) {
     uint8_t* l = base + layer * g.layer_bytes();

@@ -77,6 +77,26 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(ordinal_);
     cudaFree(ptr);
   }
+  absl::StatusOr<DeviceErrorRecord*> AllocateErrorRecord() override {
+    KVP_CUDA_GUARD(ordinal_);
+    void* p = nullptr;
+    KVP_RETURN_IF_ERROR(CudaError(
+        cudaHostAlloc(&p, sizeof(DeviceErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable),
+        "cudaHostAlloc (checked-mode error record)"));
+    void* device = nullptr;
+    const cudaError_t err = cudaHostGetDevicePointer(&device, p, 0);
+    if (err != cudaSuccess || device != p) {
+      cudaFreeHost(p);
+      return absl::UnimplementedError(
+          "checked mode needs unified addressing (host-mapped memory at the same address)");
+    }
+    std::memset(p, 0, sizeof(DeviceErrorRecord));
+    return static_cast<DeviceErrorRecord*>(p);
+  }
+  void FreeErrorRecord(DeviceErrorRecord* record) override {
+    DeviceGuard guard(ordinal_);
+    cudaFreeHost(record);
+  }
   absl::Status Memset(void* ptr, int value, size_t bytes) override {
     KVP_CUDA_GUARD(ordinal_);
     KVP_RETURN_IF_ERROR(CudaError(cudaMemset(ptr, value, bytes), "cudaMemset"));
@@ -162,10 +182,11 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
-                          int32_t num_pairs, void* stream) override {
+                          int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
+                          void* stream) override {
     KVP_CUDA_GUARD(ordinal_);
-    return CudaError(static_cast<cudaError_t>(
-                         kernels::LaunchCopyBlocks(geo, base, pairs, num_pairs, stream)),
+    return CudaError(static_cast<cudaError_t>(kernels::LaunchCopyBlocks(
+                         geo, base, pairs, num_pairs, pairs_on_host, checked, stream)),
                      "block copy kernel launch");
   }
 

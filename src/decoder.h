@@ -64,7 +64,8 @@ class Decoder {
 
   const Cache& cache_;
   DecoderOptions options_;
-  void* owned_workspace_ = nullptr;
+  void* owned_workspace_ = nullptr;  // from the cache's allocator, else its backend
+  uint64_t owned_bytes_ = 0;
 };
 
 }  // namespace kvpage

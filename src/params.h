@@ -10,6 +10,26 @@
 
 namespace kvpage {
 
+// Checked mode (kvp_cache_config.checked): what a kernel found wrong in the
+// data it was handed on the device, first violation only. The record lives
+// in host-mapped memory, so the host reads it at the next API call without
+// synchronizing; a kernel claims it, fills it, then publishes `fault`.
+enum class DeviceFault : uint32_t {
+  kNone = 0,
+  kSlotOutOfRange = 1,     // write: slot_mapping[where] = value, not in [-1, limit)
+  kSeqLenOutOfRange = 2,   // decode: seq_lens[where] = value, not in [0, limit]
+  kBlockIdOutOfRange = 3,  // decode: a block id of table row `where` = value, not in [0, limit)
+  kCopyPairOutOfRange = 4  // copy: a block id of pair `where` = value, not in [0, limit)
+};
+
+struct DeviceErrorRecord {
+  uint32_t fault;   // DeviceFault; 0 until published
+  uint32_t claim;   // 0 until a kernel claims the record
+  int64_t where;
+  int64_t value;
+  int64_t limit;
+};
+
 // Write counters as the backends keep them (device memory for CUDA).
 struct WriteCounters {
   unsigned long long non_finite;
@@ -29,6 +49,7 @@ struct WriteParams {
   const int64_t* slot_mapping;    // -1 = skip
   const float* key_smoothing;     // [num_kv_heads * head_size] or null
   WriteCounters* counters;
+  DeviceErrorRecord* checked;     // checked mode: report bad slots here; else null
 };
 
 // Decode attention over one layer (semantics: kvp_decode in kvpage.h).
@@ -55,6 +76,7 @@ struct DecodeParams {
   void* out;
   int64_t out_stride;             // elements between query tokens
   float* lse;                     // [num_seqs][query_len][num_q_heads] or null
+  DeviceErrorRecord* checked;     // checked mode: validate lengths and block ids; else null
 };
 
 // The launch shape of a decode: fixed by the decoder's capacities (and the

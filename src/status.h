@@ -6,10 +6,43 @@
 
 #include "absl/strings/string_view.h"
 
+#include <new>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace kvpage {
+
+// absl::StrFormat, safe under host allocation failure. Abseil's own appends
+// its last chunk to the result from a destructor (FormatSinkImpl), so a
+// std::bad_alloc there terminates the process; here the sink swallows the
+// failure and it is rethrown once formatting is done, for the C API's
+// firewall to report as KVP_ERR_OUT_OF_MEMORY. Use this one everywhere.
+namespace internal {
+struct SafeStringSink {
+  std::string* out;
+  bool failed;
+  friend void AbslFormatFlush(SafeStringSink* sink, absl::string_view chunk) {
+    if (sink->failed) return;
+    try {
+      sink->out->append(chunk.data(), chunk.size());
+    } catch (...) {
+      sink->failed = true;
+    }
+  }
+};
+}  // namespace internal
+
+template <typename... Args>
+std::string StrFormat(const absl::FormatSpec<Args...>& format, const Args&... args) {
+  std::string out;
+  internal::SafeStringSink sink{&out, false};
+  absl::Format(&sink, format, args...);
+  if (sink.failed) throw std::bad_alloc();
+  return out;
+}
 
 // Values equal the C API's kvp_error_code_t.
 enum class ErrorCode : int {

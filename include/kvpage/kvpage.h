@@ -62,7 +62,7 @@ extern "C" {
  * major). Minor: entries appended to the function table or fields appended
  * to a struct. */
 #define KVP_ABI_MAJOR 1
-#define KVP_ABI_MINOR 0
+#define KVP_ABI_MINOR 1
 
 /* "0.1.0": the package version of the loaded library. */
 KVP_EXPORT const char* kvp_version_string(void);
@@ -127,9 +127,13 @@ KVP_EXPORT kvp_error* kvp_device_count(int32_t device_kind, int32_t* count);
 
 typedef struct kvp_cache kvp_cache;
 
-/* Engine-provided memory for the cache (optional). alloc returns NULL on
- * failure; the cache then fails with KVP_ERR_OUT_OF_MEMORY. Memory must be
- * host memory for KVP_DEVICE_CPU and device memory of `device_ordinal` for
+/* Engine-provided memory for the cache and for the workspaces its decoders
+ * own (optional): alloc is called once by kvp_cache_create and once by each
+ * kvp_decoder_create that needs a workspace it owns (none on the CPU
+ * backend); free once for each, with the same size, by kvp_cache_destroy and
+ * kvp_decoder_destroy. alloc returns NULL on failure; the creating call then
+ * fails with KVP_ERR_OUT_OF_MEMORY and keeps nothing. Memory must be host
+ * memory for KVP_DEVICE_CPU and device memory of `device_ordinal` for
  * KVP_DEVICE_CUDA, aligned to at least `alignment` bytes. */
 typedef struct kvp_allocator {
   size_t struct_size;
@@ -149,7 +153,7 @@ typedef struct kvp_cache_config {
   int32_t num_layers;     /* >= 1; default 1 */
   int32_t num_blocks;     /* >= 1; default 0 (must be set) */
   int32_t block_size;     /* tokens per block: 8, 16 or 32; default 16 */
-  int32_t num_kv_heads;   /* >= 1; default 0 (must be set) */
+  int32_t num_kv_heads;   /* 1..65535; default 0 (must be set) */
   int32_t head_size;      /* 64, 80, 96, 112, 128 or 256; default 128 */
   int32_t k_dtype;        /* FP16, BF16, FP8_E4M3, INT8, INT4; default BF16 */
   int32_t v_dtype;        /* same set as k_dtype; default BF16 */
@@ -160,9 +164,25 @@ typedef struct kvp_cache_config {
    * creation. */
   const float* key_smoothing;
   /* Optional engine allocator; NULL means the library allocates. Copied at
-   * creation; the functions must stay callable until the cache is
-   * destroyed. */
+   * creation; the functions must stay callable until the cache and its
+   * decoders are destroyed. */
   const kvp_allocator* allocator;
+  /* ABI 1.1. Checked mode (default 0 = off): the CUDA kernels validate what
+   * they read from device memory — block ids in block tables (against
+   * num_blocks), seq_lens (against max_context_len and block_table_width *
+   * block_size), slot mappings and device-side copy pairs — and skip any
+   * access a bad value would make. The first violation is recorded in
+   * host-mapped memory; the next kvp_cache_write, kvp_decode,
+   * kvp_cache_copy_blocks or kvp_cache_transfer_blocks on the cache returns
+   * it as KVP_ERR_INVALID_ARGUMENT ("checked mode: ...", naming the array,
+   * the index and the value) and clears it. Outputs of the sequences with a
+   * bad value are unspecified (finite; a partition with a bad block id
+   * contributes nothing). Costs a few instructions per block; no host
+   * synchronization. The CPU backend validates these on the host in every
+   * mode. In the default fast mode the CUDA kernels trust them (see
+   * docs/RELIABILITY.md): slots out of range are skipped, anything else out
+   * of range is undefined behaviour. */
+  int32_t checked;
 } kvp_cache_config;
 
 KVP_EXPORT void kvp_cache_config_init(kvp_cache_config* config);
@@ -374,7 +394,7 @@ typedef struct kvp_decode_config {
   int32_t out_dtype;       /* FP32, FP16 or BF16; default BF16 */
   /* Optional caller-owned workspace of at least kvp_decode_workspace_size()
    * bytes in the cache's memory space, 256-byte aligned; NULL = owned by the
-   * decoder. */
+   * decoder (from the cache's kvp_allocator when it has one). */
   void* workspace;
   uint64_t workspace_bytes;
 } kvp_decode_config;

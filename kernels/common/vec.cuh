@@ -54,6 +54,22 @@ __device__ __forceinline__ void StoreFromFloat(DType dtype, void* base, int64_t 
   }
 }
 
+// Asynchronous global -> shared copy of kBytes (4, 8 or 16; both addresses
+// aligned to it), bypassing registers: a warp can have many in flight and
+// wait once (CpAsyncWaitAll) before reading the shared copies (sm_80+).
+template <int kBytes>
+__device__ __forceinline__ void CpAsync(void* smem, const void* gmem) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(kBytes)
+               : "memory");
+}
+
+// Waits for every cp.async this thread issued.
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // Four consecutive floats of shared memory (16-byte aligned) in one load.
 __device__ __forceinline__ float4 LoadFloat4(const float* p) {
   return *reinterpret_cast<const float4*>(p);

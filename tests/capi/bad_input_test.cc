@@ -455,9 +455,11 @@ TEST(BadInputCacheCreate, ConfigMatrix) {
   const std::vector<ConfigCase> cases = {
       {"struct_size 0", [](kvp_cache_config* c) { c->struct_size = 0; }, Msg("struct_size", "0")},
       {"struct_size 8", [](kvp_cache_config* c) { c->struct_size = 8; }, Msg("struct_size", "8")},
-      {"struct_size sizeof-8",
-       [](kvp_cache_config* c) { c->struct_size = sizeof(kvp_cache_config) - 8; },
-       Msg("struct_size", S(sizeof(kvp_cache_config) - 8))},
+      {"struct_size first-released-8",
+       [](kvp_cache_config* c) { c->struct_size = offsetof(kvp_cache_config, checked) - 8; },
+       Msg("struct_size", S(offsetof(kvp_cache_config, checked) - 8))},
+      {"checked 2", [](kvp_cache_config* c) { c->checked = 2; }, Msg("checked", "2")},
+      {"checked -1", [](kvp_cache_config* c) { c->checked = -1; }, Msg("checked", "-1")},
       {"num_layers 0", [](kvp_cache_config* c) { c->num_layers = 0; }, Msg("num_layers", "0")},
       {"num_layers -1", [](kvp_cache_config* c) { c->num_layers = -1; }, Msg("num_layers", "-1")},
       {"num_blocks 0", [](kvp_cache_config* c) { c->num_blocks = 0; }, Msg("num_blocks", "0")},
@@ -472,6 +474,8 @@ TEST(BadInputCacheCreate, ConfigMatrix) {
       {"num_kv_heads 0", [](kvp_cache_config* c) { c->num_kv_heads = 0; }, Msg("num_kv_heads", "0")},
       {"num_kv_heads -2", [](kvp_cache_config* c) { c->num_kv_heads = -2; },
        Msg("num_kv_heads", "-2")},
+      {"num_kv_heads 65536", [](kvp_cache_config* c) { c->num_kv_heads = 65536; },
+       Msg("num_kv_heads", "65536")},
       {"head_size 72", [](kvp_cache_config* c) { c->head_size = 72; }, Msg("head_size", "72")},
       {"head_size 0", [](kvp_cache_config* c) { c->head_size = 0; }, Msg("head_size", "0")},
       {"head_size 512", [](kvp_cache_config* c) { c->head_size = 512; }, Msg("head_size", "512")},
@@ -1556,6 +1560,306 @@ TEST_F(BadInputCache, Decode) {
   for (size_t i = 0; i < static_cast<size_t>(a.num_seqs) * kQDense; ++i) {
     EXPECT_TRUE(std::isfinite(out_[i])) << i;
   }
+}
+
+
+// ---- The rest of the matrix: extreme values of every integer parameter, ----
+// ---- struct sizes just below the first released ones, strides whose     ----
+// ---- rows would overflow, capacities whose workspace would (issue 7)    ----
+
+// ABI 1.0 sizes: a struct smaller than its first release is refused,
+// whatever later minors append.
+constexpr size_t kFirstCacheInfo = 64, kFirstWriteStats = 24, kFirstLayout = 176;
+constexpr size_t kFirstWriteArgs = 64, kFirstDecodeConfig = 48, kFirstDecodeArgs = 112;
+
+TEST(ApiStructs, InitFunctionsAndVersionQueriesAcceptNull) {
+  kvp_allocator_init(nullptr);
+  kvp_cache_config_init(nullptr);
+  kvp_layer_layout_init(nullptr);
+  kvp_cache_info_init(nullptr);
+  kvp_write_args_init(nullptr);
+  kvp_write_stats_init(nullptr);
+  kvp_decode_config_init(nullptr);
+  kvp_decode_args_init(nullptr);
+  kvp_abi_version(nullptr, nullptr);
+  uint32_t major = 99;
+  kvp_abi_version(&major, nullptr);
+  EXPECT_EQ(major, static_cast<uint32_t>(KVP_ABI_MAJOR));
+  uint32_t minor = 99;
+  kvp_abi_version(nullptr, &minor);
+  EXPECT_EQ(minor, static_cast<uint32_t>(KVP_ABI_MINOR));
+}
+
+TEST(BadInputCacheCreate, ExtremeValuesOfEveryField) {
+  const std::vector<ConfigCase> cases = {
+      {"struct_size 1", [](kvp_cache_config* c) { c->struct_size = 1; }, Msg("struct_size", "1")},
+      {"num_layers INT32_MIN", [](kvp_cache_config* c) { c->num_layers = kI32Min; },
+       Msg("num_layers", S(kI32Min))},
+      {"num_blocks INT32_MIN", [](kvp_cache_config* c) { c->num_blocks = kI32Min; },
+       Msg("num_blocks", S(kI32Min))},
+      {"num_blocks INT32_MAX", [](kvp_cache_config* c) { c->num_blocks = kI32Max; },
+       Msg("num_blocks", S(kI32Max))},
+      {"block_size INT32_MIN", [](kvp_cache_config* c) { c->block_size = kI32Min; },
+       Msg("block_size", S(kI32Min))},
+      {"block_size INT32_MAX", [](kvp_cache_config* c) { c->block_size = kI32Max; },
+       Msg("block_size", S(kI32Max))},
+      {"block_size 1", [](kvp_cache_config* c) { c->block_size = 1; }, Msg("block_size", "1")},
+      {"num_kv_heads INT32_MIN", [](kvp_cache_config* c) { c->num_kv_heads = kI32Min; },
+       Msg("num_kv_heads", S(kI32Min))},
+      {"num_kv_heads INT32_MAX", [](kvp_cache_config* c) { c->num_kv_heads = kI32Max; },
+       Msg("num_kv_heads", S(kI32Max))},
+      {"head_size INT32_MIN", [](kvp_cache_config* c) { c->head_size = kI32Min; },
+       Msg("head_size", S(kI32Min))},
+      {"head_size INT32_MAX", [](kvp_cache_config* c) { c->head_size = kI32Max; },
+       Msg("head_size", S(kI32Max))},
+      {"head_size 65", [](kvp_cache_config* c) { c->head_size = 65; }, Msg("head_size", "65")},
+      {"k_dtype INT32_MIN", [](kvp_cache_config* c) { c->k_dtype = kI32Min; },
+       Msg("k_dtype", S(kI32Min))},
+      {"k_dtype INT32_MAX", [](kvp_cache_config* c) { c->k_dtype = kI32Max; },
+       Msg("k_dtype", S(kI32Max))},
+      {"v_dtype INT32_MIN", [](kvp_cache_config* c) { c->v_dtype = kI32Min; },
+       Msg("v_dtype", S(kI32Min))},
+      {"v_dtype INT32_MAX", [](kvp_cache_config* c) { c->v_dtype = kI32Max; },
+       Msg("v_dtype", S(kI32Max))},
+      {"device_kind INT32_MIN", [](kvp_cache_config* c) { c->device_kind = kI32Min; },
+       Msg("device_kind", S(kI32Min))},
+      {"device_kind INT32_MAX", [](kvp_cache_config* c) { c->device_kind = kI32Max; },
+       Msg("device_kind", S(kI32Max))},
+      {"device_ordinal INT32_MIN", [](kvp_cache_config* c) { c->device_ordinal = kI32Min; },
+       Msg("device_ordinal", S(kI32Min))},
+      {"reserved0 INT32_MAX", [](kvp_cache_config* c) { c->reserved0 = kI32Max; },
+       Msg("reserved0", S(kI32Max))},
+      {"reserved0 INT32_MIN", [](kvp_cache_config* c) { c->reserved0 = kI32Min; },
+       Msg("reserved0", S(kI32Min))},
+  };
+  for (const ConfigCase& cc : cases) {
+    SCOPED_TRACE(cc.what);
+    kvp_cache_config cfg = SmallConfig();
+    cc.mutate(&cfg);
+    kvp_cache* out = reinterpret_cast<kvp_cache*>(0x1);
+    CheckError(kvp_cache_create(&cfg, &out), KVP_ERR_INVALID_ARGUMENT, cc.needles);
+    EXPECT_EQ(out, reinterpret_cast<kvp_cache*>(0x1));
+  }
+}
+
+TEST_F(BadInputCache, StructSizesJustBelowTheFirstRelease) {
+  kvp_cache_info info;
+  kvp_cache_info_init(&info);
+  info.struct_size = kFirstCacheInfo - 8;
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("info", "struct_size", S(kFirstCacheInfo - 8)),
+                         kvp_cache_get_info(cache_, &info));
+  kvp_write_stats st;
+  kvp_write_stats_init(&st);
+  st.struct_size = kFirstWriteStats - 8;
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("stats", "struct_size", S(kFirstWriteStats - 8)),
+                         kvp_cache_get_write_stats(cache_, &st));
+  kvp_layer_layout lay;
+  kvp_layer_layout_init(&lay);
+  lay.struct_size = kFirstLayout - 8;
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("layout", "struct_size", S(kFirstLayout - 8)),
+                         kvp_cache_get_layout(cache_, 0, &lay));
+  for (int32_t layer : {kI32Max, -2}) {
+    kvp_layer_layout_init(&lay);
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("layer", S(layer)),
+                           kvp_cache_get_layout(cache_, layer, &lay));
+  }
+  kvp_write_args w;
+  kvp_write_args_init(&w);
+  w.struct_size = kFirstWriteArgs - 8;
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("struct_size", S(kFirstWriteArgs - 8)),
+                         kvp_cache_write(cache_, &w, nullptr));
+  kvp_decode_config dc = DecodeConfig();
+  dc.struct_size = kFirstDecodeConfig - 8;
+  uint64_t bytes = 77;
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("struct_size", S(kFirstDecodeConfig - 8)),
+                         kvp_decode_workspace_size(cache_, &dc, &bytes));
+  kvp_decoder* dec = reinterpret_cast<kvp_decoder*>(0x1);
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("struct_size", S(kFirstDecodeConfig - 8)),
+                         kvp_decoder_create(cache_, &dc, &dec));
+  EXPECT_EQ(bytes, 77u);
+  EXPECT_EQ(dec, reinterpret_cast<kvp_decoder*>(0x1));
+  kvp_decode_args a = Args();
+  a.struct_size = kFirstDecodeArgs - 8;
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("struct_size", S(kFirstDecodeArgs - 8)),
+                         kvp_decode(decoder_, &a, nullptr));
+}
+
+TEST_F(BadInputCache, SequenceAndTableExtremes) {
+  // b holds 7 tokens: these reach INT32_MAX exactly, or not quite, and
+  // need more blocks than the cache has.
+  for (int32_t n : {kI32Max - 7, kI32Max - 100}) {
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_OUT_OF_BLOCKS, Msg(S(n)),
+                           kvp_seq_append(cache_, b_, n, nullptr, nullptr));
+  }
+  // One more token than INT32_MAX can hold.
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg(S(kI32Max - 6)),
+                         kvp_seq_append(cache_, b_, kI32Max - 6, nullptr, nullptr));
+  std::vector<int32_t> table(2 * 4, -555), lens(2, -555);
+  const int64_t ids[2] = {a_, b_};
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("max_blocks_per_seq", S(kI32Min)),
+                         kvp_cache_export_block_table(cache_, ids, 2, kI32Min, 4, table.data(),
+                                                      lens.data()));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("row_stride", S(kI64Min)),
+                         kvp_cache_export_block_table(cache_, ids, 2, 4, kI64Min, table.data(),
+                                                      lens.data()));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("num_pairs", S(kI32Min)),
+                         kvp_cache_transfer_blocks(cache_, cache_, nullptr, kI32Min, nullptr));
+  EXPECT_EQ(table, std::vector<int32_t>(8, -555));
+  EXPECT_EQ(lens, std::vector<int32_t>(2, -555));
+}
+
+TEST_F(BadInputCache, WriteExtremesAndOverflowingStrides) {
+  const int32_t n = 3;
+  const std::vector<float> k = Randn(n * kDense), v = Randn(n * kDense);
+  const std::vector<int64_t> slots = {5, 17, 3};
+  auto args = [&] {
+    kvp_write_args w;
+    kvp_write_args_init(&w);
+    w.num_tokens = n;
+    w.input_dtype = KVP_DTYPE_FP32;
+    w.key = k.data();
+    w.value = v.data();
+    w.slot_mapping = slots.data();
+    return w;
+  };
+  struct Case {
+    const char* what;
+    std::function<void(kvp_write_args*)> mutate;
+    Needles needles;
+  };
+  const std::vector<Case> cases = {
+      {"layer INT32_MIN", [](kvp_write_args* a) { a->layer = kI32Min; }, Msg("layer", S(kI32Min))},
+      {"layer INT32_MAX", [](kvp_write_args* a) { a->layer = kI32Max; }, Msg("layer", S(kI32Max))},
+      {"num_tokens INT32_MIN", [](kvp_write_args* a) { a->num_tokens = kI32Min; },
+       Msg("num_tokens", S(kI32Min))},
+      {"input_dtype INT32_MIN", [](kvp_write_args* a) { a->input_dtype = kI32Min; },
+       Msg("input_dtype", S(kI32Min))},
+      {"input_dtype INT32_MAX", [](kvp_write_args* a) { a->input_dtype = kI32Max; },
+       Msg("input_dtype", S(kI32Max))},
+      {"reserved0 INT32_MIN", [](kvp_write_args* a) { a->reserved0 = kI32Min; },
+       Msg("reserved0", S(kI32Min))},
+      {"key_token_stride INT64_MIN", [](kvp_write_args* a) { a->key_token_stride = kI64Min; },
+       Msg("key_token_stride", S(kI64Min))},
+      {"value_token_stride INT64_MIN", [](kvp_write_args* a) { a->value_token_stride = kI64Min; },
+       Msg("value_token_stride", S(kI64Min))},
+      // Strides each valid alone whose last row lies beyond any address.
+      {"key_token_stride INT64_MAX", [](kvp_write_args* a) { a->key_token_stride = kI64Max; },
+       Msg("key_token_stride", S(kI64Max))},
+      {"key_token_stride 2^62", [](kvp_write_args* a) { a->key_token_stride = int64_t{1} << 62; },
+       Msg("key_token_stride", S(int64_t{1} << 62))},
+      {"value_token_stride 2^56", [](kvp_write_args* a) { a->value_token_stride = int64_t{1} << 56; },
+       Msg("value_token_stride", S(int64_t{1} << 56))},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    kvp_write_args w = args();
+    c.mutate(&w);
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles, kvp_cache_write(cache_, &w, nullptr));
+  }
+  kvp_write_args w = args();
+  ASSERT_KVP_OK(kvp_cache_write(cache_, &w, nullptr));  // the baseline is valid
+}
+
+TEST_F(BadInputCache, DecodeConfigExtremesAndOverflowingCapacities) {
+  const std::vector<DecodeConfigCase> cases = {
+      {"num_query_heads INT32_MIN", [](kvp_decode_config* c) { c->num_query_heads = kI32Min; },
+       Msg("num_query_heads", S(kI32Min))},
+      {"num_query_heads INT32_MAX", [](kvp_decode_config* c) { c->num_query_heads = kI32Max; },
+       Msg("num_query_heads", S(kI32Max))},
+      {"max_num_seqs INT32_MIN", [](kvp_decode_config* c) { c->max_num_seqs = kI32Min; },
+       Msg("max_num_seqs", S(kI32Min))},
+      {"max_context_len INT32_MIN", [](kvp_decode_config* c) { c->max_context_len = kI32Min; },
+       Msg("max_context_len", S(kI32Min))},
+      {"max_query_len INT32_MIN", [](kvp_decode_config* c) { c->max_query_len = kI32Min; },
+       Msg("max_query_len", S(kI32Min))},
+      {"max_query_len INT32_MAX", [](kvp_decode_config* c) { c->max_query_len = kI32Max; },
+       Msg("max_query_len", S(kI32Max))},
+      {"q_dtype INT32_MIN", [](kvp_decode_config* c) { c->q_dtype = kI32Min; }, Msg("q_dtype", S(kI32Min))},
+      {"out_dtype INT32_MAX", [](kvp_decode_config* c) { c->out_dtype = kI32Max; },
+       Msg("out_dtype", S(kI32Max))},
+      // Each capacity valid alone; together a workspace past 2^56 bytes.
+      {"capacities overflow (seqs x context)",
+       [](kvp_decode_config* c) {
+         c->max_num_seqs = kI32Max;
+         c->max_context_len = kI32Max;
+       },
+       Msg("max_num_seqs", S(kI32Max), "max_context_len")},
+      {"capacities overflow (heads x queries)",
+       [](kvp_decode_config* c) {
+         c->num_query_heads = 1 << 30;
+         c->max_context_len = 1 << 30;
+         c->max_query_len = 1 << 20;
+       },
+       Msg("num_query_heads", S(1 << 30), "max_query_len", S(1 << 20))},
+  };
+  for (const DecodeConfigCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    kvp_decode_config dc = DecodeConfig();
+    c.mutate(&dc);
+    uint64_t bytes = 0xDEADBEEFull;
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles,
+                           kvp_decode_workspace_size(cache_, &dc, &bytes));
+    EXPECT_EQ(bytes, 0xDEADBEEFull);
+    kvp_decoder* out = reinterpret_cast<kvp_decoder*>(0x1);
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles, kvp_decoder_create(cache_, &dc, &out));
+    EXPECT_EQ(out, reinterpret_cast<kvp_decoder*>(0x1));
+  }
+}
+
+TEST_F(BadInputCache, DecodeExtremesAndOverflowingStrides) {
+  struct Case {
+    const char* what;
+    std::function<void(kvp_decode_args*)> mutate;
+    Needles needles;
+  };
+  const std::vector<Case> cases = {
+      {"layer INT32_MIN", [](kvp_decode_args* d) { d->layer = kI32Min; }, Msg("layer", S(kI32Min))},
+      {"layer INT32_MAX", [](kvp_decode_args* d) { d->layer = kI32Max; }, Msg("layer", S(kI32Max))},
+      {"num_seqs INT32_MIN", [](kvp_decode_args* d) { d->num_seqs = kI32Min; },
+       Msg("num_seqs", S(kI32Min))},
+      {"num_seqs INT32_MAX", [](kvp_decode_args* d) { d->num_seqs = kI32Max; },
+       Msg("num_seqs", S(kI32Max))},
+      {"query_len INT32_MIN", [](kvp_decode_args* d) { d->query_len = kI32Min; },
+       Msg("query_len", S(kI32Min))},
+      {"query_len INT32_MAX", [](kvp_decode_args* d) { d->query_len = kI32Max; },
+       Msg("query_len", S(kI32Max))},
+      {"sliding_window INT32_MIN", [](kvp_decode_args* d) { d->sliding_window = kI32Min; },
+       Msg("sliding_window", S(kI32Min))},
+      {"sm_scale -Inf", [](kvp_decode_args* d) { d->sm_scale = -kInf; }, Msg("sm_scale", "-inf")},
+      {"sm_scale -FLT_MAX", [](kvp_decode_args* d) { d->sm_scale = -std::numeric_limits<float>::max(); },
+       Msg("sm_scale")},
+      {"logits_soft_cap -FLT_MIN", [](kvp_decode_args* d) { d->logits_soft_cap = -1e-30f; },
+       Msg("logits_soft_cap", "-1e-30")},
+      {"reserved0 INT32_MIN", [](kvp_decode_args* d) { d->reserved0 = kI32Min; },
+       Msg("reserved0", S(kI32Min))},
+      {"q_token_stride INT64_MIN", [](kvp_decode_args* d) { d->q_token_stride = kI64Min; },
+       Msg("q_token_stride", S(kI64Min))},
+      {"out_token_stride INT64_MIN", [](kvp_decode_args* d) { d->out_token_stride = kI64Min; },
+       Msg("out_token_stride", S(kI64Min))},
+      {"block_table_width INT32_MIN", [](kvp_decode_args* d) { d->block_table_width = kI32Min; },
+       Msg("block_table_width", S(kI32Min))},
+      {"block_table_stride INT64_MIN", [](kvp_decode_args* d) { d->block_table_stride = kI64Min; },
+       Msg("block_table_stride", S(kI64Min))},
+      // Strides each valid alone whose second row lies beyond any address.
+      {"q_token_stride INT64_MAX", [](kvp_decode_args* d) { d->q_token_stride = kI64Max; },
+       Msg("q_token_stride", S(kI64Max))},
+      {"q_token_stride 2^57", [](kvp_decode_args* d) { d->q_token_stride = int64_t{1} << 57; },
+       Msg("q_token_stride", S(int64_t{1} << 57))},
+      {"out_token_stride INT64_MAX", [](kvp_decode_args* d) { d->out_token_stride = kI64Max; },
+       Msg("out_token_stride", S(kI64Max))},
+      {"block_table_stride INT64_MAX", [](kvp_decode_args* d) { d->block_table_stride = kI64Max; },
+       Msg("block_table_stride", S(kI64Max))},
+      {"block_table_stride 2^60", [](kvp_decode_args* d) { d->block_table_stride = int64_t{1} << 60; },
+       Msg("block_table_stride", S(int64_t{1} << 60))},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    kvp_decode_args a = Args();
+    c.mutate(&a);
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles, kvp_decode(decoder_, &a, nullptr));
+  }
+  kvp_decode_args a = Args();
+  ASSERT_KVP_OK(kvp_decode(decoder_, &a, nullptr));  // the baseline is valid
 }
 
 }  // namespace

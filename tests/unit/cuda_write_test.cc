@@ -565,15 +565,17 @@ TEST(CudaCopyBlocks, MatchesCpu) {
   for (int iter = 0; iter < 60; ++iter) {
     CacheGeometry g;
     g.num_layers = 1 + static_cast<int>(rng() % 3);
-    g.num_blocks = 8 + static_cast<int>(rng() % 24);
+    // Up to ~100 pairs: the host-pairs path launches 32 at a time.
+    g.num_blocks = 8 + static_cast<int>(rng() % 200);
     g.block_size = kBlockSizes[rng() % 3];
     g.num_kv_heads = 1 + static_cast<int>(rng() % 8);
     g.head_size = kHeadSizes[rng() % 5];
     g.k_dtype = kCacheDTypes[rng() % 5];
     g.v_dtype = kCacheDTypes[rng() % 5];
-    SCOPED_TRACE(absl::StrFormat("iter %d: layers %d blocks %d block_size %d heads %d "
+    const bool pairs_on_host = iter % 2 == 1;
+    SCOPED_TRACE(absl::StrFormat("iter %d (pairs on host %d): layers %d blocks %d block_size %d heads %d "
                                  "head_size %d K %s V %s",
-                                 iter, g.num_layers, g.num_blocks, g.block_size,
+                                 iter, pairs_on_host, g.num_layers, g.num_blocks, g.block_size,
                                  g.num_kv_heads, g.head_size, DTypeName(g.k_dtype), DTypeName(g.v_dtype)));
     // Sources and destinations disjoint (a block copied within one call is
     // never also overwritten by it); a source may feed several copies.
@@ -590,7 +592,7 @@ TEST(CudaCopyBlocks, MatchesCpu) {
     const std::vector<uint8_t> poison = RandomBytes(rng, g.total_bytes());
     std::vector<uint8_t> cpu_cache = poison;
     ASSERT_TRUE(MakeCpuBackend()->CopyBlocks(g, cpu_cache.data(), pairs.data(), num_pairs,
-                                             nullptr).ok());
+                                             false, nullptr, nullptr).ok());
 
     DeviceBuffer d_cache(poison.size()), d_pairs(pairs.size() * sizeof(int32_t));
     ASSERT_TRUE(d_cache.ok() && d_pairs.ok());
@@ -599,9 +601,10 @@ TEST(CudaCopyBlocks, MatchesCpu) {
     ASSERT_EQ(cudaMemcpy(d_pairs.get(), pairs.data(), pairs.size() * sizeof(int32_t),
                          cudaMemcpyHostToDevice),
               cudaSuccess);
-    ASSERT_EQ(kernels::LaunchCopyBlocks(g, d_cache.get(),
-                                        reinterpret_cast<const int32_t*>(d_pairs.get()),
-                                        num_pairs, nullptr),
+    const int32_t* launch_pairs =
+        pairs_on_host ? pairs.data() : reinterpret_cast<const int32_t*>(d_pairs.get());
+    ASSERT_EQ(kernels::LaunchCopyBlocks(g, d_cache.get(), launch_pairs, num_pairs,
+                                        pairs_on_host, /*checked=*/nullptr, nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint8_t> gpu_cache(poison.size());
@@ -621,7 +624,10 @@ TEST(CudaCopyBlocks, NoPairsIsANoOp) {
   g.block_size = 16;
   g.num_kv_heads = 1;
   g.head_size = 64;
-  EXPECT_EQ(kernels::LaunchCopyBlocks(g, nullptr, nullptr, 0, nullptr), cudaSuccess);
+  EXPECT_EQ(kernels::LaunchCopyBlocks(g, nullptr, nullptr, 0, false, nullptr, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(kernels::LaunchCopyBlocks(g, nullptr, nullptr, 0, true, nullptr, nullptr),
+            cudaSuccess);
 }
 
 #else  // !KVPAGE_HAVE_CUDA

@@ -1,0 +1,3 @@
+module kvpage
+
+go 1.19
