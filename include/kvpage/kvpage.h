@@ -20,7 +20,11 @@
  * Thread safety:
  *  - kvp_cache: sequence operations (kvp_seq_*, kvp_cache_export_block_table,
  *    kvp_cache_num_free_blocks) may be called from several threads at once;
- *    they are serialized internally. Writes, decodes and block copies may be
+ *    they are serialized internally. kvp_cache_get_info,
+ *    kvp_cache_get_layout and kvp_decoder_create only read the cache and may
+ *    run alongside anything but kvp_cache_destroy. The write statistics may
+ *    be read or reset while writes run; such a read or reset may miss the
+ *    counts of the writes in flight. Writes, decodes and block copies may be
  *    issued from several threads too; on the CUDA backend they are ordered
  *    by the stream the caller passes, on the CPU backend they run at once
  *    and the caller must not write and read the same blocks concurrently.

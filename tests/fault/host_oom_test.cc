@@ -390,9 +390,10 @@ class HostOom : public ::testing::Test {
 TEST_F(HostOom, CacheCreate) {
   // Created from nothing: each allocation of kvp_cache_create fails once.
   const Figures start = g_figures;
-  for (bool smoothing : {false, true}) {
+  for (int variant = 0; variant < 3; ++variant) {  // plain, key smoothing, checked mode
     std::vector<float> lambda(kKvHeads * kHead, 1.5f);
-    kvp_cache_config cfg = Config(smoothing ? &lambda : nullptr);
+    kvp_cache_config cfg = Config(variant == 1 ? &lambda : nullptr);
+    cfg.checked = variant == 2 ? 1 : 0;
     for (int64_t n = 1;; ++n) {
       ASSERT_LT(n, 10000);
       const int64_t live_before = g_live.load();
@@ -417,7 +418,7 @@ TEST_F(HostOom, CacheCreate) {
       if (!fired) break;
     }
   }
-  std::printf("[ HostOom ] kvp_cache_create (with and without smoothing): %d allocation points\n",
+  std::printf("[ HostOom ] kvp_cache_create (plain, key smoothing, checked): %d allocation points\n",
               g_figures.points - start.points);
 }
 

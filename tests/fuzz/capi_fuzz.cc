@@ -382,6 +382,7 @@ class Harness {
     cfg.head_size = g.head_size;
     cfg.k_dtype = g.k_dtype;
     cfg.v_dtype = g.v_dtype;
+    cfg.checked = OneIn(2) ? 1 : 0;  // the CPU backend checks on the host in both modes
     std::vector<float> lambda;
     if (g.smoothing) {
       for (int64_t i = 0; i < g.dense(); ++i) lambda.push_back(std::exp(0.5f * values_.Normal()));
@@ -402,7 +403,7 @@ class Harness {
     // One bad field first, sometimes: the call fails and leaves no trace.
     int32_t want = KVP_OK;
     kvp_cache_config bad = cfg;
-    switch (OneIn(3) ? Pick(1, 12) : 0) {
+    switch (OneIn(3) ? Pick(1, 13) : 0) {
       case 1: bad.struct_size = Pick(0, 1) ? 0 : kCacheConfig10 - 8; want = KVP_ERR_INVALID_ARGUMENT; break;
       case 2: bad.num_layers = Pick(0, 1) ? 0 : kI32Min; want = KVP_ERR_INVALID_ARGUMENT; break;
       case 3: bad.num_blocks = -Pick(0, 3); want = KVP_ERR_INVALID_ARGUMENT; break;
@@ -420,6 +421,7 @@ class Harness {
         }
         break;
       case 12: bad.num_blocks = kI32Max / bad.block_size + 1; want = KVP_ERR_INVALID_ARGUMENT; break;
+      case 13: bad.checked = Pick(0, 1) ? 2 : -1; want = KVP_ERR_INVALID_ARGUMENT; break;
       default: break;
     }
     if (want != KVP_OK) {
