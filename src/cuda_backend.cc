@@ -24,9 +24,9 @@ absl::Status CudaError(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // not sticky: clear it so later calls are unaffected
-    return OutOfMemory(absl::StrFormat("%s: %s", what, cudaGetErrorString(e)));
+    return OutOfMemory(kvpage::StrFormat("%s: %s", what, cudaGetErrorString(e)));
   }
-  return DeviceError(absl::StrFormat("%s: %s (%s)", what, cudaGetErrorString(e),
+  return DeviceError(kvpage::StrFormat("%s: %s (%s)", what, cudaGetErrorString(e),
                                      cudaGetErrorName(e)));
 }
 
@@ -69,7 +69,7 @@ class CudaBackend final : public Backend {
     KVP_CUDA_GUARD(ordinal_);
     void* p = nullptr;
     KVP_RETURN_IF_ERROR(CudaError(cudaMalloc(&p, bytes),
-                                  absl::StrFormat("cudaMalloc(%d bytes) on device %d", bytes,
+                                  kvpage::StrFormat("cudaMalloc(%d bytes) on device %d", bytes,
                                                   ordinal_).c_str()));
     return p;
   }
@@ -216,7 +216,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal) {
 #if KVPAGE_HAVE_CUDA
   const int32_t count = CudaDeviceCount();
   if (ordinal < 0 || ordinal >= count) {
-    return InvalidArgument(absl::StrFormat(
+    return InvalidArgument(kvpage::StrFormat(
         "config->device_ordinal = %d, but %d CUDA device(s) are present", ordinal, count));
   }
   int num_sms = 0, smem_optin = 0;
@@ -229,7 +229,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal) {
   return std::unique_ptr<Backend>(
       new CudaBackend(ordinal, num_sms, static_cast<size_t>(smem_optin)));
 #else
-  return Unsupported(absl::StrFormat(
+  return Unsupported(kvpage::StrFormat(
       "device_kind = KVP_DEVICE_CUDA (ordinal %d), but this build has no CUDA "
       "backend (configure with KVPAGE_CUDA=ON and a CUDA toolkit)",
       ordinal));
