@@ -840,13 +840,15 @@ int LaunchPartitionKernelRows(const DecodeParams& p, const DecodeShape& shape,
 // One query row per KV head (MHA decode) gets its own variant: its loops,
 // unrolled over one row instead of kRowTile, are 8x smaller, which keeps the
 // hot K and V loops in the instruction cache (the kRowTile variant misses
-// there on every iteration when only one row is live).
+// there on every iteration when only one row is live). Two to four rows (a
+// GQA group of 4, or short multi-token queries) get a 4-row variant.
 template <DType KT, int D>
 int LaunchPartitionKernel(const DecodeParams& p, const DecodeShape& shape,
                           const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
   const int rows = p.num_q_heads / p.geo.num_kv_heads * p.query_len;
-  return rows == 1 ? LaunchPartitionKernelRows<KT, D, 1>(p, shape, ws, smem_bytes, stream)
-                   : LaunchPartitionKernelRows<KT, D, kRowTile>(p, shape, ws, smem_bytes, stream);
+  if (rows == 1) return LaunchPartitionKernelRows<KT, D, 1>(p, shape, ws, smem_bytes, stream);
+  if (rows <= 4) return LaunchPartitionKernelRows<KT, D, 4>(p, shape, ws, smem_bytes, stream);
+  return LaunchPartitionKernelRows<KT, D, kRowTile>(p, shape, ws, smem_bytes, stream);
 }
 
 #define KVPAGE_DECODE_INSTANTIATE(KT, D)                                              \
