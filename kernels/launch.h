@@ -40,9 +40,15 @@ int LaunchCopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pai
 int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
                  const DecodeWorkspace& workspace, void* stream);
 
+// Whether the tensor-core partition kernel exists for this geometry (K and
+// V of one dtype, a head size it is built for); DecodeShape::path picks it
+// or not (kAuto: by rows per KV head).
+bool TensorCoreDecodeSupports(const CacheGeometry& geo);
+
 // Dynamic shared memory the partition kernel needs for `rows` query rows
 // per block (num_q_heads / num_kv_heads * max_query_len) and
-// `partition_size` tokens; the host picks the largest partition size whose
+// `partition_size` tokens (the larger of the two kernels' needs where the
+// tensor-core kernel exists); the host picks the largest partition size whose
 // need fits the device's per-block limit. The launch raises the kernel's
 // dynamic shared memory limit itself when the need exceeds 48 KiB.
 size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size);

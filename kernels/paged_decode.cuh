@@ -557,6 +557,93 @@ __device__ __forceinline__ int64_t PartialIndex(const DecodeParams& p, const Dec
 constexpr int kMinBlocksPerSm = 4;
 constexpr int kMinBlocksPerSmOneRow = 6;
 
+// Fills the partition's coordinates from blockIdx; false when the
+// partition starts past its sequence's end (nothing to do).
+__device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodeShape& shape,
+                                               PartitionState& st) {
+  const CacheGeometry& g = p.geo;
+  st.part = blockIdx.x;
+  st.kvh = blockIdx.y;
+  st.seq = blockIdx.z;
+  st.len = SequenceLength(p, st.seq);
+  st.P = shape.partition_size;
+  st.start = st.part * st.P;
+  if (st.start >= st.len) return false;
+  st.n_valid = min(st.P, st.len - st.start);
+  st.nblk = (st.n_valid + g.block_size - 1) / g.block_size;
+  st.group = p.num_q_heads / g.num_kv_heads;
+  st.rows = st.group * p.query_len;
+  return true;
+}
+
+// The partition's physical block ids -> blk_s (shared by every phase and
+// row tile). In checked mode a block id outside [0, num_blocks) is
+// reported, the partition's partials are written as "nothing visible" for
+// every row, and false is returned: the caller exits without reading any
+// block. All threads must call.
+__device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const DecodeShape& shape,
+                                              const DecodeWorkspace& ws, const PartitionState& st,
+                                              int* blk_s) {
+  __shared__ int bad_block;
+  const CacheGeometry& g = p.geo;
+  const int D = g.head_size;
+  const int tid = threadIdx.x;
+  const int32_t* table =
+      p.block_table + int64_t{st.seq} * p.block_table_stride + st.start / g.block_size;
+  if (tid == 0) bad_block = 0;
+  __syncthreads();
+  for (int b = tid; b < st.nblk; b += blockDim.x) {
+    int id = __ldg(table + b);
+    if (p.checked != nullptr && (id < 0 || id >= g.num_blocks)) {
+      ReportFault(p.checked, DeviceFault::kBlockIdOutOfRange, st.seq, id, g.num_blocks);
+      bad_block = 1;
+      id = 0;
+    }
+    blk_s[b] = id;
+  }
+  __syncthreads();
+  if (!bad_block) return true;
+  for (int idx = tid; idx < st.rows * D; idx += blockDim.x) {
+    const int r = idx / D;
+    const int d = idx - r * D;
+    const int64_t base = PartialIndex(p, shape, st.seq, st.kvh, st.group, r, st.part);
+    ws.partial_out[base * D + d] = 0.0f;
+    if (d == 0) {
+      ws.partial_max[base] = -INFINITY;
+      ws.partial_sum[base] = 0.0f;
+    }
+  }
+  return false;
+}
+
+// Per-token {scale, min} of the partition's slots (nblk * block_size) ->
+// scale_s / min_s: {1, 0} for FP16/BF16, {0, 0} past the sequence end (so
+// p * scale is 0 there). Returns the largest scale this thread stored.
+__device__ __forceinline__ float StageTokenScales(DType dtype, const uint8_t* head_scales,
+                                                  int64_t block_stride, int entry,
+                                                  const PartitionState& st, int bs,
+                                                  const int* blk_s, float* scale_s,
+                                                  float* min_s) {
+  float largest = 0.0f;
+  // Unrolled so that the scattered 2- or 4-byte loads of a thread are in
+  // flight together, not one round trip each.
+#pragma unroll 4
+  for (int j = threadIdx.x; j < st.nblk * bs; j += blockDim.x) {
+    TokenScale s{1.0f, 0.0f};
+    if (j >= st.n_valid) {
+      s = {0.0f, 0.0f};
+    } else if (entry != 0) {
+      const int b = j / bs;
+      const int off = j - b * bs;
+      s = LoadTokenScale(dtype, head_scales + int64_t{blk_s[b]} * block_stride + off * entry);
+    }
+    scale_s[j] = s.scale;
+    min_s[j] = s.min;
+    largest = fmaxf(largest, s.scale);
+  }
+  return largest;
+}
+
 template <DType KT, int D, int kRows>
 __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow : kMinBlocksPerSm)
     PartitionKernel(const __grid_constant__ DecodeParams p,
@@ -564,76 +651,20 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
                     const __grid_constant__ DecodeWorkspace ws) {
   const CacheGeometry& g = p.geo;
   PartitionState st;
-  st.part = blockIdx.x;
-  st.kvh = blockIdx.y;
-  st.seq = blockIdx.z;
-  st.len = SequenceLength(p, st.seq);
-  st.P = shape.partition_size;
-  st.start = st.part * st.P;
-  if (st.start >= st.len) return;  // past this sequence's end: nothing to do
+  if (!BeginPartition(p, shape, st)) return;  // past this sequence's end
   const int bs = g.block_size;
-  st.n_valid = min(st.P, st.len - st.start);
-  st.nblk = (st.n_valid + bs - 1) / bs;
-  st.group = p.num_q_heads / g.num_kv_heads;
-  st.rows = st.group * p.query_len;
   st.lay = MakeSmemLayout(g, st.rows, st.P);
   float* smem = SharedWords();
   const int tid = threadIdx.x;
   const int qlen = p.query_len;
 
-  // The partition's block ids and V scales, shared by every row tile. In
-  // checked mode a block id outside [0, num_blocks) is reported and the
-  // partition contributes nothing (it reads no block).
-  {
-    __shared__ int bad_block;
-    const int32_t* table = p.block_table + int64_t{st.seq} * p.block_table_stride +
-                           st.start / bs;
-    int* blk_s = reinterpret_cast<int*>(smem + st.lay.blk);
-    if (tid == 0) bad_block = 0;
-    __syncthreads();
-    for (int b = tid; b < st.nblk; b += kThreads) {
-      int id = __ldg(table + b);
-      if (p.checked != nullptr && (id < 0 || id >= g.num_blocks)) {
-        ReportFault(p.checked, DeviceFault::kBlockIdOutOfRange, st.seq, id, g.num_blocks);
-        bad_block = 1;
-        id = 0;
-      }
-      blk_s[b] = id;
-    }
-    __syncthreads();
-    if (bad_block) {
-      for (int idx = tid; idx < st.rows * D; idx += kThreads) {
-        const int r = idx / D;
-        const int d = idx - r * D;
-        const int64_t base = PartialIndex(p, shape, st.seq, st.kvh, st.group, r, st.part);
-        ws.partial_out[base * D + d] = 0.0f;
-        if (d == 0) {
-          ws.partial_max[base] = -INFINITY;
-          ws.partial_sum[base] = 0.0f;
-        }
-      }
-      return;
-    }
-    const uint8_t* vs_head =
-        p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride();
-    const int entry = g.v_scale_entry_bytes();
-    // Unrolled so that the scattered 2- or 4-byte loads of a thread are in
-    // flight together, not one round trip each.
-#pragma unroll 4
-    for (int j = tid; j < st.nblk * bs; j += kThreads) {
-      TokenScale s{1.0f, 0.0f};
-      if (j >= st.n_valid) {
-        s = {0.0f, 0.0f};
-      } else if (entry != 0) {
-        const int b = j / bs;
-        const int off = j - b * bs;
-        s = LoadTokenScale(g.v_dtype, vs_head + int64_t{blk_s[b]} * g.v_scale_block_stride() +
-                                          off * entry);
-      }
-      smem[st.lay.vscale + j] = s.scale;
-      smem[st.lay.vmin + j] = s.min;
-    }
-  }
+  // The partition's block ids and V scales, shared by every row tile.
+  int* blk_s = reinterpret_cast<int*>(smem + st.lay.blk);
+  if (!StageBlockIds(p, shape, ws, st, blk_s)) return;
+  StageTokenScales(g.v_dtype,
+                   p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride(),
+                   g.v_scale_block_stride(), g.v_scale_entry_bytes(), st, bs, blk_s,
+                   smem + st.lay.vscale, smem + st.lay.vmin);
 
   // With a soft-cap the scaled logit is divided by cap before tanh: fold
   // both into q. ALiBi is added after the cap (CpuBackend::Decode).
@@ -819,20 +850,32 @@ inline int EnsureDynamicSmem(const void* kernel, size_t bytes, std::atomic<size_
   return cudaSuccess;
 }
 
-// Launches PartitionKernel<KT, D, kRows>, raising its shared memory limit
-// first where needed (tracked per kernel and device).
-template <DType KT, int D, int kRows>
-int LaunchPartitionKernelRows(const DecodeParams& p, const DecodeShape& shape,
-                              const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<size_t> configured[kMaxDevices];
-  const void* fn = reinterpret_cast<const void*>(&PartitionKernel<KT, D, kRows>);
-  const int err = EnsureDynamicSmem(fn, smem_bytes, configured, kMaxDevices);
+// A partition kernel: grid (max_partitions, num_kv_heads, num_seqs).
+using PartitionKernelFn = void (*)(DecodeParams, DecodeShape, DecodeWorkspace);
+
+// Launches `kernel` with `smem_bytes` of dynamic shared memory, raising its
+// limit first where needed (`configured`: the kernel's own per-device
+// record, kMaxSmemDevices entries).
+constexpr int kMaxSmemDevices = 64;
+inline int LaunchPartitionGrid(PartitionKernelFn kernel, std::atomic<size_t>* configured,
+                               const DecodeParams& p, const DecodeShape& shape,
+                               const DecodeWorkspace& ws, size_t smem_bytes,
+                               cudaStream_t stream) {
+  const int err = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem_bytes, configured,
+                                    kMaxSmemDevices);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(shape.max_partitions),
                   static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  PartitionKernel<KT, D, kRows><<<grid, kThreads, smem_bytes, stream>>>(p, shape, ws);
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, shape, ws);
   return cudaGetLastError();
+}
+
+template <DType KT, int D, int kRows>
+int LaunchPartitionKernelRows(const DecodeParams& p, const DecodeShape& shape,
+                              const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
+  static std::atomic<size_t> configured[kMaxSmemDevices];
+  return LaunchPartitionGrid(&PartitionKernel<KT, D, kRows>, configured, p, shape, ws, smem_bytes,
+                             stream);
 }
 
 // Launches the partition kernel for (KT, D). Defined here, explicitly

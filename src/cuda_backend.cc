@@ -3,9 +3,11 @@
 // for its duration and restores the caller's device afterwards; launches
 // go on the caller's stream with no allocation and no synchronization.
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "src/backend.h"
 #include "src/status.h"
 
@@ -127,6 +129,21 @@ class CudaBackend final : public Backend {
                      "cache write kernel launch");
   }
 
+  // KVPAGE_DECODE_KERNEL=thread_group|tensor_core forces one partition
+  // kernel (for comparisons, and as an escape hatch); unset or anything
+  // else lets the dispatcher choose. Read once per process.
+  static DecodePath PathFromEnvironment() {
+    static const DecodePath path = [] {
+      const char* v = std::getenv("KVPAGE_DECODE_KERNEL");
+      if (v == nullptr) return DecodePath::kAuto;
+      const absl::string_view s(v);
+      if (s == "thread_group") return DecodePath::kThreadGroup;
+      if (s == "tensor_core") return DecodePath::kTensorCore;
+      return DecodePath::kAuto;
+    }();
+    return path;
+  }
+
   // Partition size: the largest of 512..32 whose shared memory fits, then
   // halved while the capacity's grid would leave SMs idle (small batches
   // of long sequences want more partitions). Depends on capacities only.
@@ -143,6 +160,7 @@ class CudaBackend final : public Backend {
     while (p > 64 && blocks(p) < 2 * int64_t{num_sms_}) p /= 2;
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
+    s.path = PathFromEnvironment();
     return s;
   }
 

@@ -79,6 +79,11 @@ struct DecodeParams {
   DeviceErrorRecord* checked;     // checked mode: validate lengths and block ids; else null
 };
 
+// Which partition kernel a CUDA decode runs: kAuto lets the dispatcher
+// choose (kernels/decode_dispatch.cu, from the measurements in
+// docs/PERF_NOTES.md); tests force one or the other.
+enum class DecodePath : int32_t { kAuto = 0, kThreadGroup = 1, kTensorCore = 2 };
+
 // The launch shape of a decode: fixed by the decoder's capacities (and the
 // device's SM count) when it is created, never by a batch's lengths.
 struct DecodeShape {
@@ -86,6 +91,7 @@ struct DecodeShape {
   int32_t max_query_len = 1;
   int32_t partition_size = 0;   // tokens per split-K partition, a multiple of 32
   int32_t max_partitions = 0;   // ceil(max_context_len / partition_size)
+  DecodePath path = DecodePath::kAuto;
 };
 
 // Split-K scratch, carved from the decoder's workspace (all FP32):

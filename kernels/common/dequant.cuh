@@ -47,65 +47,81 @@ __device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
   return d;
 }
 
-// Four signed bytes (byte i = element i) -> f[0..3].
+// Four signed bytes (byte i = element i) -> FP16 pairs (e0, e1), (e2, e3).
 // FP16 with exponent field 25 (0x64xx) holds 1024 + m for the 10-bit
 // mantissa m, so placing an unsigned byte u under 0x64 gives 1024 + u
 // exactly; a PRMT builds two such halves at once and one HSUB2 removes the
 // 1024 and the +128 bias that made the signed byte unsigned (x ^ 0x80 =
 // x + 128 for two's complement bytes).
-__device__ __forceinline__ void Int8x4ToFloat(uint32_t w, float* f) {
+__device__ __forceinline__ void Int8x4ToHalf2x2(uint32_t w, __half2& e01, __half2& e23) {
   const uint32_t u = w ^ 0x80808080u;
   // Selector nibbles pick bytes of {u (0..3), 0x64646464 (4..7)}:
   // 0x5140 -> [u0, 0x64, u1, 0x64], 0x7362 -> [u2, 0x64, u3, 0x64].
   const uint32_t h01 = __byte_perm(u, 0x64646464u, 0x5140);
   const uint32_t h23 = __byte_perm(u, 0x64646464u, 0x7362);
   const __half2 kBias = AsHalf2(0x64806480u);  // 1152 = 1024 + 128
-  const float2 a = __half22float2(__hsub2(AsHalf2(h01), kBias));
-  const float2 b = __half22float2(__hsub2(AsHalf2(h23), kBias));
+  e01 = __hsub2(AsHalf2(h01), kBias);
+  e23 = __hsub2(AsHalf2(h23), kBias);
+}
+
+__device__ __forceinline__ void Int8x4ToFloat(uint32_t w, float* f) {
+  __half2 e01, e23;
+  Int8x4ToHalf2x2(w, e01, e23);
+  const float2 a = __half22float2(e01);
+  const float2 b = __half22float2(e23);
   f[0] = a.x;
   f[1] = a.y;
   f[2] = b.x;
   f[3] = b.y;
 }
 
-// Eight unsigned nibbles (nibble i = bits 4i..4i+3 = element i) -> f[0..7].
+// Eight unsigned nibbles (nibble i = bits 4i..4i+3 = element i) -> FP16
+// pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7).
 // PRMT cannot address nibbles, so LOP3 masks them in place under the 0x6400
 // exponent: mask 0x000F000F yields halves (1024 + n0, 1024 + n4), mask
 // 0x00F000F0 yields (1024 + 16 n1, 1024 + 16 n5); the same on w >> 8 gives
 // n2/n6 and n3/n7. HSUB2 removes 1024, HFMA2 (x / 16 - 64) the scaled ones;
-// both exact. The interleaved order is undone by register naming, free.
-__device__ __forceinline__ void Int4x8ToFloat(uint32_t w, float* f) {
+// both exact. Consumers take the interleaved order as it comes (register
+// naming, or a channel/token order chosen to match), which is free.
+__device__ __forceinline__ void Int4x8ToHalf2x4(uint32_t w, __half2 (&e)[4]) {
   constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
   const __half2 k1024 = AsHalf2(0x64006400u);
   const __half2 kSixteenth = AsHalf2(0x2C002C00u);  // 1/16
   const __half2 kMinus64 = AsHalf2(0xD400D400u);    // -64
   const uint32_t w8 = w >> 8;
-  const float2 e04 = __half22float2(__hsub2(AsHalf2(AndOr(w, kLo, kMagic)), k1024));
-  const float2 e15 =
-      __half22float2(__hfma2(AsHalf2(AndOr(w, kHi, kMagic)), kSixteenth, kMinus64));
-  const float2 e26 = __half22float2(__hsub2(AsHalf2(AndOr(w8, kLo, kMagic)), k1024));
-  const float2 e37 =
-      __half22float2(__hfma2(AsHalf2(AndOr(w8, kHi, kMagic)), kSixteenth, kMinus64));
-  f[0] = e04.x;
-  f[4] = e04.y;
-  f[1] = e15.x;
-  f[5] = e15.y;
-  f[2] = e26.x;
-  f[6] = e26.y;
-  f[3] = e37.x;
-  f[7] = e37.y;
+  e[0] = __hsub2(AsHalf2(AndOr(w, kLo, kMagic)), k1024);
+  e[1] = __hfma2(AsHalf2(AndOr(w, kHi, kMagic)), kSixteenth, kMinus64);
+  e[2] = __hsub2(AsHalf2(AndOr(w8, kLo, kMagic)), k1024);
+  e[3] = __hfma2(AsHalf2(AndOr(w8, kHi, kMagic)), kSixteenth, kMinus64);
 }
 
-// Four E4M3 bytes -> f[0..3] through the hardware conversion (cvt.f16x2.e4m3x2
-// on sm_89+, cuda_fp8.h's software path before): every E4M3 value is exact
-// in FP16. NaN codes (0x7F/0xFF) never occur in written tokens.
+__device__ __forceinline__ void Int4x8ToFloat(uint32_t w, float* f) {
+  __half2 e[4];
+  Int4x8ToHalf2x4(w, e);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __half22float2(e[i]);
+    f[i] = v.x;
+    f[i + 4] = v.y;
+  }
+}
+
+// Four E4M3 bytes -> FP16 pairs (e0, e1), (e2, e3) through the hardware
+// conversion (cvt.f16x2.e4m3x2 on sm_89+, cuda_fp8.h's software path
+// before): every E4M3 value is exact in FP16. NaN codes (0x7F/0xFF) never
+// occur in written tokens.
+__device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t w, __half2& e01, __half2& e23) {
+  e01 = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu),
+                                           __NV_E4M3));
+  e23 = __half2(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
+}
+
 __device__ __forceinline__ void Fp8x4ToFloat(uint32_t w, float* f) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
-  const float2 a = __half22float2(__half2(lo));
-  const float2 b = __half22float2(__half2(hi));
+  __half2 e01, e23;
+  Fp8x4ToHalf2x2(w, e01, e23);
+  const float2 a = __half22float2(e01);
+  const float2 b = __half22float2(e23);
   f[0] = a.x;
   f[1] = a.y;
   f[2] = b.x;
@@ -174,6 +190,49 @@ __device__ __forceinline__ void DequantCodes8(const uint4& v, int step, float (&
   } else {
     static_assert(T == DType::kINT4, "not a cache dtype");
     dequant_detail::Int4x8ToFloat(w[step], f);
+  }
+}
+
+// ---- Codes as tensor-core operands (tc_decode.cuh) ----------------------
+//
+// The mma fragments take codes as 32-bit registers of two FP16 (BF16 for a
+// BF16 cache) values. CodePairs<T>(w, step, lo, hi) gives step `step` of the
+// 32-bit words `w` (a 16-byte K chunk: steps 0 .. 128 / bits / 4 - 1; an
+// 8-byte V span: steps 0 .. 64 / bits / 4 - 1) as two such registers, four
+// codes in all, without any shuffling of bits beyond the conversions above:
+// the elements it picks are PairElement<T>(step, slot) for slots 0, 1 (lo)
+// and 2, 3 (hi). The decode lays its channels (K) and tokens (V) out in that
+// order, so every conversion is as cheap as the format allows.
+template <DType T>
+KVP_HOST_DEVICE constexpr int PairElement(int step, int slot) {
+  if constexpr (T == DType::kINT4) {
+    // Int4x8ToHalf2x4's pairs (n0, n4), (n1, n5) | (n2, n6), (n3, n7).
+    return 8 * (step >> 1) + 2 * (step & 1) + (slot >> 1) + 4 * (slot & 1);
+  } else {
+    return 4 * step + slot;
+  }
+}
+
+template <DType T>
+__device__ __forceinline__ void CodePairs(const uint32_t* w, int step, uint32_t& lo, uint32_t& hi) {
+  if constexpr (T == DType::kBF16 || T == DType::kFP16) {
+    lo = w[2 * step];  // already pairs of the mma's input type
+    hi = w[2 * step + 1];
+  } else {
+    __half2 a, b;
+    if constexpr (T == DType::kINT8) {
+      dequant_detail::Int8x4ToHalf2x2(w[step], a, b);
+    } else if constexpr (T == DType::kFP8E4M3) {
+      dequant_detail::Fp8x4ToHalf2x2(w[step], a, b);
+    } else {
+      static_assert(T == DType::kINT4, "not a cache dtype");
+      __half2 e[4];
+      dequant_detail::Int4x8ToHalf2x4(w[step >> 1], e);
+      a = e[2 * (step & 1)];
+      b = e[2 * (step & 1) + 1];
+    }
+    lo = *reinterpret_cast<const uint32_t*>(&a);
+    hi = *reinterpret_cast<const uint32_t*>(&b);
   }
 }
 

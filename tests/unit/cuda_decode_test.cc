@@ -18,8 +18,18 @@
 // (2e-4, 1e-5) for FP32; lse within 1e-3 absolute. b is one unit in the
 // last place of the output dtype at the bottom of a binade (BF16 2^-7, FP16
 // 2^-10): two sides rounding a value near a rounding midpoint to BF16 may
-// land one ulp apart, so 2^-8 alone would reject correct results. A row with nothing
-// visible must be exactly zero with lse = -inf on both sides.
+// land one ulp apart, so 2^-8 alone would reject correct results. A row with
+// nothing visible must be exactly zero with lse = -inf on both sides.
+//
+// The tensor-core kernel (DecodePath::kTensorCore) rounds q * lambda and the
+// softmax weights to FP16 once for quantized caches (relative error 2^-11
+// per value; 16-bit caches get a second, remainder product and stay within
+// the FP32 bounds above). A logit moves by at most 2^-11 * scale *
+// sum_d |q_d k_d| (about 6e-3 for these inputs, typically ten times less as
+// the roundings cancel), and the output by that times the spread of V, so
+// quantized caches on that path get a = 4e-3 (8 FP16 ulps of the row's
+// largest value) and lse within 4e-3 + 2^-10 |lse| (the logits, and their
+// error, grow with sm_scale).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -55,7 +65,6 @@ constexpr int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
 constexpr int kBlockSizes[] = {8, 16, 32};
 constexpr DType kIoDTypes[] = {DType::kFP32, DType::kFP16, DType::kBF16};
 
-
 int ElemBytes(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
 // One decode problem.
@@ -76,6 +85,7 @@ struct Case {
   float soft_cap = 0;
   float sm_scale = 0;  // 0: 1/sqrt(D)
   int partition_size = 256;
+  DecodePath path = DecodePath::kAuto;  // forced where the kernel exists
   std::vector<int32_t> lens;
   // Capacities beyond the batch (the launch shape must not depend on it).
   int extra_seqs = 0;
@@ -88,13 +98,13 @@ struct Case {
 
   std::string Describe() const {
     std::ostringstream os;
-    os << "K=" << DTypeName(k) << " V=" << DTypeName(v) << " D=" << head_size << " bs=" << block_size
-       << " kv_heads=" << num_kv_heads << " group=" << group << " qlen=" << query_len
-       << " q=" << DTypeName(q_dtype) << " out=" << DTypeName(out_dtype) << " P=" << partition_size
-       << " alibi=" << alibi << " smooth=" << smoothing << " lse=" << lse
-       << " window=" << window << " cap=" << soft_cap << " scale=" << sm_scale
-       << " extra(seqs,qlen,ctx)=" << extra_seqs << "," << extra_query_len << ","
-       << extra_context << " pad(q,out)=" << q_pad << "," << out_pad << " lens=[";
+    os << "K=" << DTypeName(k) << " V=" << DTypeName(v) << " D=" << head_size
+       << " bs=" << block_size << " kv_heads=" << num_kv_heads << " group=" << group
+       << " qlen=" << query_len << " q=" << DTypeName(q_dtype) << " out=" << DTypeName(out_dtype)
+       << " P=" << partition_size << " alibi=" << alibi << " smooth=" << smoothing << " lse=" << lse
+       << " path=" << static_cast<int>(path) << " window=" << window << " cap=" << soft_cap
+       << " scale=" << sm_scale << " extra(seqs,qlen,ctx)=" << extra_seqs << "," << extra_query_len
+       << "," << extra_context << " pad(q,out)=" << q_pad << "," << out_pad << " lens=[";
     for (size_t i = 0; i < lens.size(); ++i) os << (i ? "," : "") << lens[i];
     os << "] case_seed=" << seed;
     return os.str();
@@ -110,18 +120,18 @@ class DeviceBuffer {
   ~DeviceBuffer() {
     if (ptr_ != nullptr) cudaFree(ptr_);
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(const DeviceBuffer &) = delete;
+  DeviceBuffer &operator=(const DeviceBuffer &) = delete;
   template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
+  T *get() const {
+    return static_cast<T *>(ptr_);
   }
   bool ok() const { return bytes_ == 0 || ptr_ != nullptr; }
   size_t size_hint() const { return bytes_; }
-  void Upload(const void* src) const {
+  void Upload(const void *src) const {
     if (bytes_ > 0) ASSERT_EQ(cudaMemcpy(ptr_, src, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
   }
-  void Download(void* dst) const {
+  void Download(void *dst) const {
     if (bytes_ > 0) ASSERT_EQ(cudaMemcpy(dst, ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
   }
   void Poison() const {
@@ -129,20 +139,20 @@ class DeviceBuffer {
   }
 
  private:
-  void* ptr_ = nullptr;
+  void *ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
 template <typename T>
-std::unique_ptr<DeviceBuffer> ToDevice(const std::vector<T>& host) {
+std::unique_ptr<DeviceBuffer> ToDevice(const std::vector<T> &host) {
   auto d = std::make_unique<DeviceBuffer>(host.size() * sizeof(T));
   if (d->ok()) d->Upload(host.data());
   return d;
 }
 
 struct Tolerance {
-  double row_rel;  // times max |cpu| of the row
-  double elem_rel; // times |cpu|
+  double row_rel;   // times max |cpu| of the row
+  double elem_rel;  // times |cpu|
 };
 
 Tolerance ToleranceFor(DType out) {
@@ -161,12 +171,14 @@ Tolerance ToleranceFor(DType out) {
 double g_worst_ratio[3] = {0, 0, 0};
 
 void PrintWorstRatios() {
-  std::printf("worst |gpu - cpu| / tolerance: FP32 out %.3f, FP16 out %.3f, BF16 out %.3f\n",
-              g_worst_ratio[0], g_worst_ratio[1], g_worst_ratio[2]);
+  std::printf(
+      "worst |gpu - cpu| / tolerance: FP32 out %.3f, FP16 out %.3f, "
+      "BF16 out %.3f\n",
+      g_worst_ratio[0], g_worst_ratio[1], g_worst_ratio[2]);
 }
 
 // Runs one case on both backends and compares. Returns false on failure.
-void RunCase(const Case& c) {
+void RunCase(const Case &c) {
   SCOPED_TRACE(c.Describe());
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -199,15 +211,16 @@ void RunCase(const Case& c) {
   geo.k_dtype = c.k;
   geo.v_dtype = c.v;
   std::vector<uint8_t> cache(static_cast<size_t>(geo.total_bytes()));
-  for (auto& b : cache) b = static_cast<uint8_t>(rng());  // stale garbage
+  for (auto &b : cache) b = static_cast<uint8_t>(rng());  // stale garbage
 
   std::vector<int32_t> perm(geo.num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   const int64_t table_stride = width + 1;
   std::vector<int32_t> table(std::max<int64_t>(1, num_seqs * table_stride));
-  for (auto& e : table) e = (rng() & 1) ? -1 - static_cast<int32_t>(rng() % 100)
-                                        : geo.num_blocks + static_cast<int32_t>(rng() % 100000);
+  for (auto &e : table)
+    e = (rng() & 1) ? -1 - static_cast<int32_t>(rng() % 100)
+                    : geo.num_blocks + static_cast<int32_t>(rng() % 100000);
   int next = 0;
   std::vector<int64_t> slots;
   for (int s = 0; s < num_seqs; ++s) {
@@ -220,12 +233,12 @@ void RunCase(const Case& c) {
   std::vector<float> smoothing;
   if (c.smoothing) {
     smoothing.resize(static_cast<size_t>(hkv) * D);
-    for (auto& l : smoothing) l = 0.25f + 3.75f * uniform(rng);
+    for (auto &l : smoothing) l = 0.25f + 3.75f * uniform(rng);
   }
   // K with outlier channels and a per-token offset (exercises INT4's min
   // and the smoothing); V plain normal.
   std::vector<float> chan(static_cast<size_t>(hkv) * D);
-  for (auto& x : chan) x = uniform(rng) < 0.05f ? 8.0f : 1.0f;
+  for (auto &x : chan) x = uniform(rng) < 0.05f ? 8.0f : 1.0f;
   const int64_t ntok = static_cast<int64_t>(slots.size());
   std::vector<float> key(static_cast<size_t>(ntok) * hkv * D), value(key.size());
   for (int64_t t = 0; t < ntok; ++t) {
@@ -267,7 +280,7 @@ void RunCase(const Case& c) {
   std::vector<float> alibi;
   if (c.alibi) {
     alibi.resize(hq);
-    for (auto& a : alibi) a = uniform(rng);
+    for (auto &a : alibi) a = uniform(rng);
   }
 
   DecodeParams p{};
@@ -317,13 +330,14 @@ void RunCase(const Case& c) {
   shape.max_query_len = qlen + c.extra_query_len;
   shape.partition_size = c.partition_size;
   shape.max_partitions = (p.max_context_len + c.partition_size - 1) / c.partition_size;
+  shape.path = c.path;
   const size_t partials = static_cast<size_t>(shape.max_num_seqs) * shape.max_query_len * hq *
                           std::max(shape.max_partitions, 1);
   DeviceBuffer d_cache(cache.size()), d_q(q.size()), d_out(out_bytes),
       d_lse(gpu_lse.size() * sizeof(float)), d_pout(partials * D * sizeof(float)),
       d_pmax(partials * sizeof(float)), d_psum(partials * sizeof(float));
-  ASSERT_TRUE(d_cache.ok() && d_q.ok() && d_out.ok() && d_lse.ok() && d_pout.ok() &&
-              d_pmax.ok() && d_psum.ok());
+  ASSERT_TRUE(d_cache.ok() && d_q.ok() && d_out.ok() && d_lse.ok() && d_pout.ok() && d_pmax.ok() &&
+              d_psum.ok());
   d_cache.Upload(cache.data());
   d_q.Upload(q.data());
   d_out.Poison();
@@ -356,7 +370,14 @@ void RunCase(const Case& c) {
   d_lse.Download(gpu_lse.data());
 
   // ---- Compare.
-  const Tolerance tol = ToleranceFor(c.out_dtype);
+  Tolerance tol = ToleranceFor(c.out_dtype);
+  double lse_abs = 1e-3, lse_rel = 0;
+  if (c.path != DecodePath::kThreadGroup && IsQuantized(c.k) &&
+      kernels::TensorCoreDecodeSupports(geo)) {
+    tol.row_rel = std::max(tol.row_rel, 4e-3);
+    lse_abs = 4e-3;
+    lse_rel = 1.0 / 1024;  // the logit error grows with the logits (sm_scale)
+  }
   int failures = 0;
   for (int s = 0; s < num_seqs; ++s) {
     for (int i = 0; i < qlen; ++i) {
@@ -364,8 +385,9 @@ void RunCase(const Case& c) {
       for (int h = 0; h < hq; ++h) {
         double row_max = 0;
         for (int dd = 0; dd < D; ++dd) {
-          row_max = std::max(row_max, std::fabs(static_cast<double>(LoadAsFloat(
-                                          c.out_dtype, cpu_out.data(), row * out_stride + h * D + dd))));
+          row_max =
+              std::max(row_max, std::fabs(static_cast<double>(LoadAsFloat(
+                                    c.out_dtype, cpu_out.data(), row * out_stride + h * D + dd))));
         }
         for (int dd = 0; dd < D && failures < 10; ++dd) {
           const int64_t idx = row * out_stride + int64_t{h} * D + dd;
@@ -374,7 +396,7 @@ void RunCase(const Case& c) {
           const double bound = tol.row_rel * row_max + tol.elem_rel * std::fabs(want);
           const double err = std::fabs(got - want);
           if (bound > 0) {
-            double& worst = g_worst_ratio[static_cast<int>(c.out_dtype)];
+            double &worst = g_worst_ratio[static_cast<int>(c.out_dtype)];
             worst = std::max(worst, err / bound);
           }
           if (!(err <= bound)) {
@@ -386,7 +408,8 @@ void RunCase(const Case& c) {
         if (c.lse && failures < 10) {
           const float want = cpu_lse[row * hq + h];
           const float got = gpu_lse[row * hq + h];
-          const bool ok = std::isinf(want) ? (got == want) : std::fabs(got - want) <= 1e-3;
+          const bool ok = std::isinf(want) ? (got == want) : std::fabs(got - want) <=
+                                                             lse_abs + lse_rel * std::fabs(want);
           if (!ok) {
             ADD_FAILURE() << "lse seq " << s << " token " << i << " head " << h << ": gpu " << got
                           << " cpu " << want;
@@ -404,9 +427,9 @@ uint32_t FreshSeed() { return std::random_device{}(); }
 
 // Lengths around the interesting boundaries of (block size, partition
 // size, query length), plus random ones.
-std::vector<int32_t> BoundaryLens(std::mt19937& rng, int bs, int P, int qlen, int n, int max_len) {
-  const int pool[] = {0,      1,     qlen - 1, qlen,     bs - 1, bs,        bs + 1,
-                      P - 1,  P,     P + 1,    2 * P - 1, 2 * P, 2 * P + 1, 3 * bs + 2};
+std::vector<int32_t> BoundaryLens(std::mt19937 &rng, int bs, int P, int qlen, int n, int max_len) {
+  const int pool[] = {0,     1, qlen - 1, qlen,      bs - 1, bs,        bs + 1,
+                      P - 1, P, P + 1,    2 * P - 1, 2 * P,  2 * P + 1, 3 * bs + 2};
   std::vector<int32_t> lens;
   for (int i = 0; i < n; ++i) {
     int len;
@@ -421,7 +444,7 @@ std::vector<int32_t> BoundaryLens(std::mt19937& rng, int bs, int P, int qlen, in
 }
 
 // A random case over the whole option space for the given dtypes, shape.
-Case RandomCase(std::mt19937& rng, DType k, DType v, int D, int bs) {
+Case RandomCase(std::mt19937 &rng, DType k, DType v, int D, int bs) {
   Case c;
   c.seed = rng();
   c.k = k;
@@ -447,6 +470,8 @@ Case RandomCase(std::mt19937& rng, DType k, DType v, int D, int bs) {
   c.out_pad = rng() % 4 == 0 ? 16 : 0;
   c.lens = BoundaryLens(rng, bs, c.partition_size, c.query_len, 1 + static_cast<int>(rng() % 3),
                         2 * c.partition_size + 40);
+  const DecodePath paths[] = {DecodePath::kAuto, DecodePath::kThreadGroup, DecodePath::kTensorCore};
+  c.path = paths[rng() % 3];
   return c;
 }
 
@@ -504,7 +529,66 @@ TEST(CudaDecodeSmall, ManyRowsAndTails) {
   RunCase(c);
 }
 
+// Every dtype through the tensor-core kernel: head sizes 64/128/256, every
+// block size, 4 to 16 rows, partitions shorter than a warp's step (INT4
+// takes 64 tokens per step), every option somewhere.
+TEST(CudaDecodeSmall, TensorCoresEveryDtype) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  int n = 0;
+  for (DType t : kCacheDTypes) {
+    for (int D : {64, 128, 256}) {
+      Case c;
+      c.seed = rng();
+      c.k = t;
+      c.v = t;
+      c.head_size = D;
+      c.path = DecodePath::kTensorCore;
+      c.block_size = kBlockSizes[n % 3];
+      c.num_kv_heads = 2;
+      c.group = n % 4 == 0 ? 4 : 8;
+      c.query_len = n % 3 == 2 ? 2 : 1;  // 16 rows: two column tiles
+      c.q_dtype = kIoDTypes[n % 3];
+      c.out_dtype = kIoDTypes[(n + 1) % 3];
+      c.alibi = n % 2 == 0;
+      c.window = n % 5 == 3 ? 20 : 0;
+      c.soft_cap = n % 4 == 1 ? 10.0f : 0.0f;
+      c.smoothing = n % 3 == 1;
+      c.partition_size = n % 2 ? 32 : 64;
+      c.extra_seqs = 1;
+      c.lens = {0, 1, 33, 70, 129};
+      RunCase(c);
+      if (HasFailure()) return;
+      ++n;
+    }
+  }
+}
+
 // ---- The dtype x head size x block size matrix ---------------------------
+
+// The tensor-core kernel over its whole domain (K = V dtype, head sizes
+// 64/128/256) x block sizes x random options, GQA 1/4/8/16.
+TEST(CudaDecode, TensorCoreMatrix) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (DType t : kCacheDTypes) {
+    for (int D : {64, 128, 256}) {
+      for (int bs : kBlockSizes) {
+        for (int rep = 0; rep < 2; ++rep) {
+          Case c = RandomCase(rng, t, t, D, bs);
+          c.path = DecodePath::kTensorCore;
+          RunCase(c);
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+  PrintWorstRatios();
+}
 
 TEST(CudaDecode, DtypeHeadBlockMatrix) {
   KVPAGE_REQUIRE_GPU();
@@ -535,7 +619,7 @@ TEST(CudaDecode, OptionsAndIoDtypes) {
                             {DType::kINT8, DType::kINT4},
                             {DType::kFP8E4M3, DType::kFP8E4M3},
                             {DType::kINT4, DType::kFP16}};
-  for (const auto& kv : pairs) {
+  for (const auto &kv : pairs) {
     for (int opt = 0; opt < 32; ++opt) {
       Case c;
       c.seed = rng();
@@ -583,6 +667,8 @@ TEST(CudaDecode, PartitionBoundaries) {
       c.window = rng() % 2 ? P + 3 : 0;
       c.lens = {P - 1, P, P + 1, 2 * P - 1, 2 * P, 2 * P + 1, bs - 1, bs, bs + 1, 1, 0};
       c.extra_context = P;  // one partition more than any sequence needs
+      c.path = rng() % 2 ? DecodePath::kTensorCore : DecodePath::kThreadGroup;
+      if (rng() % 2) c.v = c.k;  // where the tensor-core kernel can run
       RunCase(c);
       if (HasFailure()) return;
     }
@@ -597,7 +683,7 @@ TEST(CudaDecode, LargeGroups) {
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   const int configs[][2] = {{64, 8}, {64, 1}, {24, 2}, {16, 4}, {7, 3}, {32, 1}};
-  for (const auto& gq : configs) {
+  for (const auto &gq : configs) {
     Case c;
     c.seed = rng();
     c.k = kCacheDTypes[rng() % 5];
@@ -645,23 +731,29 @@ TEST(CudaDecode, LongContext) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
-  const DType kv[][2] = {{DType::kBF16, DType::kBF16}, {DType::kINT4, DType::kINT4},
-                         {DType::kINT8, DType::kFP8E4M3}};
-  for (const auto& t : kv) {
-    Case c;
-    c.seed = rng();
-    c.k = t[0];
-    c.v = t[1];
-    c.head_size = 128;
-    c.block_size = 16;
-    c.num_kv_heads = 1;
-    c.group = 8;
-    c.query_len = 1;
-    c.out_dtype = DType::kFP32;
-    c.partition_size = 256;
-    c.lens = {33000, 1000};
-    RunCase(c);
-    if (HasFailure()) return;
+  const DType kv[][2] = {{DType::kBF16, DType::kBF16},
+                         {DType::kINT4, DType::kINT4},
+                         {DType::kINT8, DType::kFP8E4M3},
+                         {DType::kFP8E4M3, DType::kFP8E4M3}};
+  for (const auto &t : kv) {
+    for (DecodePath path : {DecodePath::kThreadGroup, DecodePath::kTensorCore}) {
+      if (path == DecodePath::kTensorCore && t[0] != t[1]) continue;
+      Case c;
+      c.seed = rng();
+      c.k = t[0];
+      c.v = t[1];
+      c.head_size = 128;
+      c.block_size = 16;
+      c.num_kv_heads = 1;
+      c.group = 8;
+      c.query_len = 1;
+      c.out_dtype = DType::kFP32;
+      c.partition_size = 256;
+      c.lens = {33000, 1000};
+      c.path = path;
+      RunCase(c);
+      if (HasFailure()) return;
+    }
   }
   PrintWorstRatios();
 }
@@ -676,13 +768,17 @@ TEST(CudaDecodePerf, DISABLED_Bandwidth) {
     int group, num_kv_heads, len, seqs;
   };
   const PerfCase cases[] = {
-      {DType::kBF16, DType::kBF16, 8, 8, 4096, 32},  {DType::kFP8E4M3, DType::kFP8E4M3, 8, 8, 4096, 32},
-      {DType::kINT8, DType::kINT8, 8, 8, 4096, 32},  {DType::kINT4, DType::kINT4, 8, 8, 4096, 32},
-      {DType::kINT8, DType::kINT4, 8, 8, 4096, 32},  {DType::kBF16, DType::kBF16, 1, 32, 4096, 32},
-      {DType::kINT4, DType::kINT4, 1, 32, 4096, 32}, {DType::kBF16, DType::kBF16, 4, 8, 32768, 4},
+      {DType::kBF16, DType::kBF16, 8, 8, 4096, 32},
+      {DType::kFP8E4M3, DType::kFP8E4M3, 8, 8, 4096, 32},
+      {DType::kINT8, DType::kINT8, 8, 8, 4096, 32},
+      {DType::kINT4, DType::kINT4, 8, 8, 4096, 32},
+      {DType::kINT8, DType::kINT4, 8, 8, 4096, 32},
+      {DType::kBF16, DType::kBF16, 1, 32, 4096, 32},
+      {DType::kINT4, DType::kINT4, 1, 32, 4096, 32},
+      {DType::kBF16, DType::kBF16, 4, 8, 32768, 4},
       {DType::kINT4, DType::kINT4, 4, 8, 32768, 4},
   };
-  for (const PerfCase& pc : cases) {
+  for (const PerfCase &pc : cases) {
     CacheGeometry geo;
     geo.num_layers = 1;
     geo.block_size = 16;
@@ -694,7 +790,8 @@ TEST(CudaDecodePerf, DISABLED_Bandwidth) {
     geo.num_blocks = blocks_per_seq * pc.seqs;
     DeviceBuffer cache(static_cast<size_t>(geo.total_bytes()));
     ASSERT_TRUE(cache.ok());
-    ASSERT_EQ(cudaMemset(cache.get(), 0x11, geo.total_bytes()), cudaSuccess);  // small finite
+    ASSERT_EQ(cudaMemset(cache.get(), 0x11, geo.total_bytes()),
+              cudaSuccess);  // small finite
     std::vector<int32_t> table(static_cast<size_t>(geo.num_blocks));
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), std::mt19937(1));
@@ -745,9 +842,11 @@ TEST(CudaDecodePerf, DISABLED_Bandwidth) {
     cudaEventDestroy(e1);
     const double us = 1000.0 * ms / iters;
     const double bytes = static_cast<double>(pc.len) * pc.seqs * geo.bytes_per_token_per_layer();
-    std::printf("K=%s V=%s group=%d kv_heads=%d len=%d seqs=%d: %.1f us, %.0f GB/s (KV bytes)\n",
-                DTypeName(pc.k), DTypeName(pc.v), pc.group, pc.num_kv_heads, pc.len, pc.seqs, us,
-                bytes / us * 1e-3);
+    std::printf(
+        "K=%s V=%s group=%d kv_heads=%d len=%d seqs=%d: %.1f us, %.0f "
+        "GB/s (KV bytes)\n",
+        DTypeName(pc.k), DTypeName(pc.v), pc.group, pc.num_kv_heads, pc.len, pc.seqs, us,
+        bytes / us * 1e-3);
   }
 }
 

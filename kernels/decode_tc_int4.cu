@@ -1,0 +1,15 @@
+// Tensor-core partition kernels of the decode with INT4 K and V, the head
+// sizes of KVPAGE_TC_DECODE_FOR_EACH_HEAD_SIZE (see tc_decode.cuh;
+// dispatched in decode_dispatch.cu). One translation unit per dtype so that
+// nvcc builds them in parallel.
+#include "kernels/tc_decode.cuh"
+
+namespace kvpage {
+namespace kernels {
+namespace decode {
+
+KVPAGE_TC_DECODE_FOR_EACH_HEAD_SIZE(KVPAGE_TC_DECODE_INSTANTIATE, DType::kINT4)
+
+}  // namespace decode
+}  // namespace kernels
+}  // namespace kvpage
