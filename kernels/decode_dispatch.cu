@@ -105,7 +105,7 @@ size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partiti
   if (rows < 1) rows = 1;
   size_t words = static_cast<size_t>(decode::MakeSmemLayout(geo, rows, partition_size).total);
   if (TensorCoreDecodeSupports(geo)) {
-    const int pass_rows = rows <= 8 ? 8 : 16;
+    const int pass_rows = 8 * decode::TcColumnTiles(rows);
     const size_t tc = static_cast<size_t>(
         decode::MakeTcSmemLayout(geo, partition_size, pass_rows).total);
     if (tc > words) words = tc;

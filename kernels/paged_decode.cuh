@@ -542,14 +542,20 @@ __device__ __forceinline__ int SequenceLength(const DecodeParams& p, int s) {
   return len;
 }
 
-// Index of (row, partition) in the partial_* arrays (src/params.h).
+// Index of partition 0 of (sequence, query token, query head) in the
+// partial_* arrays (src/params.h); its partitions follow contiguously.
+__device__ __forceinline__ int64_t PartialBase(const DecodeParams& p, const DecodeShape& shape,
+                                               int seq, int token, int head) {
+  return ((int64_t{seq} * shape.max_query_len + token) * p.num_q_heads + head) *
+         shape.max_partitions;
+}
+
+// Index of (row, partition) of a partition kernel's block (KV head kvh).
 __device__ __forceinline__ int64_t PartialIndex(const DecodeParams& p, const DecodeShape& shape,
                                                 int seq, int kvh, int group, int row, int part) {
   const int gi = row / p.query_len;
   const int i = row - gi * p.query_len;
-  const int h = kvh * group + gi;
-  return ((int64_t{seq} * shape.max_query_len + i) * p.num_q_heads + h) * shape.max_partitions +
-         part;
+  return PartialBase(p, shape, seq, i, kvh * group + gi) + part;
 }
 
 // 4 blocks (16 warps) per SM: at most 128 registers a thread. The one-row
@@ -778,8 +784,7 @@ __global__ void __launch_bounds__(kBlock)
   const int len = SequenceLength(p, s);
   const int P = shape.partition_size;
   const int nparts = len > 0 ? min((len + P - 1) / P, shape.max_partitions) : 0;
-  const int64_t base =
-      ((int64_t{s} * shape.max_query_len + i) * p.num_q_heads + h) * shape.max_partitions;
+  const int64_t base = PartialBase(p, shape, s, i, h);
 
   float m = -INFINITY;
   for (int j = tid; j < nparts; j += kBlock) m = fmaxf(m, ws.partial_max[base + j]);

@@ -68,12 +68,16 @@ struct TcFormat {
 // decode_tc_<dtype>.cu translation units).
 #define KVPAGE_TC_DECODE_FOR_EACH_HEAD_SIZE(X, T) X(T, 64) X(T, 128) X(T, 256)
 
-// Whether (dtype, head size) has a tensor-core kernel: four lanes share a
-// token's K row, one 16-byte chunk each, so the chunks must come in fours.
+// Whether a tensor-core kernel can exist for (dtype, head size): four lanes
+// share a token's K row, one 16-byte chunk each, so the chunks must come in
+// fours. (Which head sizes are built: the list above.)
 KVP_HOST_DEVICE constexpr bool TcSupports(DType t, int head_size) {
-  return (head_size == 64 || head_size == 128 || head_size == 256) &&
-         (head_size / (128 / DTypeBits(t))) % 4 == 0;
+  return head_size % (4 * (128 / DTypeBits(t))) == 0;
 }
+
+// Column tiles of 8 query rows per pass for `rows` rows per KV head: one up
+// to 8 rows, two (16 rows per pass) beyond.
+KVP_HOST_DEVICE constexpr int TcColumnTiles(int rows) { return rows <= 8 ? 1 : 2; }
 
 constexpr int kTcMinBlocksPerSm = 2;
 
@@ -590,8 +594,7 @@ int LaunchTcPartitionKernelRows(const DecodeParams& p, const DecodeShape& shape,
 
 // The tensor-core partition launcher for (T, D), same signature as
 // LaunchPartitionKernel (the shared memory argument is recomputed: the two
-// kernels lay it out differently). Up to 8 rows per KV head take one
-// column tile, more take two (16 rows per pass).
+// kernels lay it out differently).
 template <DType T, int D>
 int LaunchTcPartitionKernel(const DecodeParams &p, const DecodeShape &shape,
                             const DecodeWorkspace &ws, size_t /*smem_bytes*/, cudaStream_t stream) {
@@ -599,7 +602,7 @@ int LaunchTcPartitionKernel(const DecodeParams &p, const DecodeShape &shape,
     return cudaErrorInvalidValue;
   } else {
     const int rows = p.num_q_heads / p.geo.num_kv_heads * p.query_len;
-    if (rows <= 8) return LaunchTcPartitionKernelRows<T, D, 1>(p, shape, ws, stream);
+    if (TcColumnTiles(rows) == 1) return LaunchTcPartitionKernelRows<T, D, 1>(p, shape, ws, stream);
     return LaunchTcPartitionKernelRows<T, D, 2>(p, shape, ws, stream);
   }
 }
