@@ -64,15 +64,20 @@ __device__ __forceinline__ void Int8x4ToHalf2x2(uint32_t w, __half2& e01, __half
   e23 = __hsub2(AsHalf2(h23), kBias);
 }
 
-__device__ __forceinline__ void Int8x4ToFloat(uint32_t w, float* f) {
-  __half2 e01, e23;
-  Int8x4ToHalf2x2(w, e01, e23);
+// Two FP16 pairs (e0, e1), (e2, e3) -> f[0..3] (exact).
+__device__ __forceinline__ void Half2x2ToFloat(__half2 e01, __half2 e23, float* f) {
   const float2 a = __half22float2(e01);
   const float2 b = __half22float2(e23);
   f[0] = a.x;
   f[1] = a.y;
   f[2] = b.x;
   f[3] = b.y;
+}
+
+__device__ __forceinline__ void Int8x4ToFloat(uint32_t w, float* f) {
+  __half2 e01, e23;
+  Int8x4ToHalf2x2(w, e01, e23);
+  Half2x2ToFloat(e01, e23, f);
 }
 
 // Eight unsigned nibbles (nibble i = bits 4i..4i+3 = element i) -> FP16
@@ -120,12 +125,7 @@ __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t w, __half2& e01, __half2
 __device__ __forceinline__ void Fp8x4ToFloat(uint32_t w, float* f) {
   __half2 e01, e23;
   Fp8x4ToHalf2x2(w, e01, e23);
-  const float2 a = __half22float2(e01);
-  const float2 b = __half22float2(e23);
-  f[0] = a.x;
-  f[1] = a.y;
-  f[2] = b.x;
-  f[3] = b.y;
+  Half2x2ToFloat(e01, e23, f);
 }
 
 // Two BF16 (element 0 in the low half): a BF16 is the top half of an FP32.

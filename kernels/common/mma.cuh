@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/dequant.cuh"
+
 namespace kvpage {
 namespace kernels {
 
@@ -67,13 +69,13 @@ __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
 // The two values of a pair back as floats (exact).
 template <bool kBf16>
 __device__ __forceinline__ float2 UnpackPair(uint32_t x) {
+  float f[2];
   if constexpr (kBf16) {
-    return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xFFFF0000u));
+    dequant_detail::Bf16x2ToFloat(x, f);
   } else {
-    __half2 h;
-    *reinterpret_cast<uint32_t *>(&h) = x;
-    return __half22float2(h);
+    dequant_detail::Fp16x2ToFloat(x, f);
   }
+  return make_float2(f[0], f[1]);
 }
 
 }  // namespace kernels
