@@ -289,6 +289,9 @@ int main(int argc, char** argv) {
   }
   shapes.push_back({"MHA 32/32 T=4096 D=128", 32, 32, 128, std::vector<int>(64, 4096)});
   shapes.push_back({"GQA 32/8 T=8192 D=128", 32, 8, 128, std::vector<int>(64, 8192)});
+  // Groups of 2 and 4: where the dispatcher's 16-bit threshold lies.
+  shapes.push_back({"GQA 8/4 T=8192 D=128", 8, 4, 128, std::vector<int>(64, 8192)});
+  shapes.push_back({"GQA 8/2 T=8192 D=128", 8, 2, 128, std::vector<int>(64, 8192)});
   {
     std::mt19937 lr(1234);  // a fixed ragged batch, the same in every run
     std::uniform_real_distribution<double> u(std::log(16.0), std::log(32768.0));

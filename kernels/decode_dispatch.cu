@@ -1,5 +1,5 @@
 // The one dispatch point of the decode kernels: picks the partition kernel
-// (thread-group or tensor-core, ChooseTensorCores), turns the run-time K
+// (thread-group or tensor-core, DecodeUsesTensorCores), turns the run-time K
 // dtype and head size into its template arguments (the instantiated sets:
 // 5 K dtypes, each in its own translation units decode_<dtype>.cu and
 // decode_tc_<dtype>.cu, x the head sizes of KVPAGE_DECODE_FOR_EACH_HEAD_SIZE
@@ -77,22 +77,6 @@ LaunchFn SelectPartitionLauncher(DType k_dtype, int head_size) {
   }
 }
 
-// DecodePath::kAuto's choice, from the measurements in docs/PERF_NOTES.md
-// ("Tensor-core path"): the tensor-core kernel for 8-bit caches (FP8,
-// INT8) from 8 rows per KV head, where it measured 15-17% faster than the
-// thread-group kernel; the thread-group kernel for BF16 and INT4 (8-25%
-// faster there) and for fewer rows (a group of 4 leaves half of each mma
-// idle and measured 1.3x slower).
-constexpr int kTensorCoreMinRows = 8;
-
-bool ChooseTensorCores(const DecodeParams& p, const DecodeShape& shape) {
-  if (shape.path == DecodePath::kThreadGroup || !TensorCoreDecodeSupports(p.geo)) return false;
-  if (shape.path == DecodePath::kTensorCore) return true;
-  const int rows = p.num_q_heads / p.geo.num_kv_heads * p.query_len;
-  const DType t = p.geo.k_dtype;
-  return (t == DType::kFP8E4M3 || t == DType::kINT8) && rows >= kTensorCoreMinRows;
-}
-
 }  // namespace
 }  // namespace decode
 
@@ -101,26 +85,41 @@ bool TensorCoreDecodeSupports(const CacheGeometry& geo) {
          decode::SelectPartitionLauncher<true>(geo.k_dtype, geo.head_size) != nullptr;
 }
 
-size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size) {
+// DecodePath::kAuto's choice, from the measurements in docs/PERF_NOTES.md
+// ("Tensor-core path, second version"): the tensor-core kernel for every
+// quantized cache, even at one row per KV head (MHA: 7-15% faster there,
+// 2-2.9x at a group of 8), and for 16-bit caches from kTensorCoreMinRows16
+// rows (the thread-group kernel keeps MHA: 19% faster there).
+constexpr int kTensorCoreMinRows16 = 2;
+
+bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath path) {
+  if (path == DecodePath::kThreadGroup || !TensorCoreDecodeSupports(geo)) return false;
+  if (path == DecodePath::kTensorCore) return true;
+  return IsQuantized(geo.k_dtype) || rows >= kTensorCoreMinRows16;
+}
+
+int32_t MaxPartitionSize(bool tensor_cores) { return tensor_cores ? 2048 : 512; }
+
+size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size,
+                         bool tensor_cores) {
   if (rows < 1) rows = 1;
-  size_t words = static_cast<size_t>(decode::MakeSmemLayout(geo, rows, partition_size).total);
-  if (TensorCoreDecodeSupports(geo)) {
-    const int pass_rows = 8 * decode::TcColumnTiles(rows);
-    const size_t tc = static_cast<size_t>(
-        decode::MakeTcSmemLayout(geo, partition_size, pass_rows).total);
-    if (tc > words) words = tc;
-  }
-  return sizeof(float) * words;
+  const auto words =
+      tensor_cores ? decode::MakeTcSmemLayout(geo, partition_size,
+                                              8 * decode::TcColumnTiles(rows)).total
+                   : decode::MakeSmemLayout(geo, rows, partition_size).total;
+  return sizeof(float) * static_cast<size_t>(words);
 }
 
 int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
                  const DecodeWorkspace& workspace, void* stream) {
   const CacheGeometry& g = params.geo;
+  if (g.num_kv_heads <= 0) return cudaErrorInvalidValue;
+  const int32_t group = params.num_q_heads / g.num_kv_heads;
+  const bool tc = DecodeUsesTensorCores(g, group * shape.max_query_len, shape.path);
   const decode::LaunchFn launch =
-      decode::ChooseTensorCores(params, shape)
-          ? decode::SelectPartitionLauncher<true>(g.k_dtype, g.head_size)
-          : decode::SelectPartitionLauncher<false>(g.k_dtype, g.head_size);
-  if (launch == nullptr || g.num_kv_heads <= 0 || params.num_q_heads % g.num_kv_heads != 0 ||
+      tc ? decode::SelectPartitionLauncher<true>(g.k_dtype, g.head_size)
+         : decode::SelectPartitionLauncher<false>(g.k_dtype, g.head_size);
+  if (launch == nullptr || params.num_q_heads % g.num_kv_heads != 0 ||
       params.query_len < 1 || params.query_len > shape.max_query_len ||
       shape.partition_size <= 0 || shape.partition_size % 32 != 0) {
     return cudaErrorInvalidValue;
@@ -128,9 +127,9 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
   if (params.num_seqs <= 0) return cudaSuccess;  // an empty batch: nothing to launch
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (shape.max_partitions > 0) {
-    const int32_t rows = params.num_q_heads / g.num_kv_heads * params.query_len;
+    const int32_t rows = group * params.query_len;
     const int err =
-        launch(params, shape, workspace, DecodeSharedBytes(g, rows, shape.partition_size), s);
+        launch(params, shape, workspace, DecodeSharedBytes(g, rows, shape.partition_size, tc), s);
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(static_cast<unsigned>(params.num_q_heads),

@@ -41,17 +41,27 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
                  const DecodeWorkspace& workspace, void* stream);
 
 // Whether the tensor-core partition kernel exists for this geometry (K and
-// V of one dtype, a head size it is built for); DecodeShape::path picks it
-// or not (kAuto: by rows per KV head).
+// V of one dtype, a head size it is built for).
 bool TensorCoreDecodeSupports(const CacheGeometry& geo);
 
-// Dynamic shared memory the partition kernel needs for `rows` query rows
-// per block (num_q_heads / num_kv_heads * max_query_len) and
-// `partition_size` tokens (the larger of the two kernels' needs where the
-// tensor-core kernel exists); the host picks the largest partition size whose
+// Whether the decode runs the tensor-core partition kernel for `rows` query
+// rows per KV head at capacity (num_q_heads / num_kv_heads * max_query_len):
+// `path` forces one kernel (where it exists), kAuto picks from the
+// measurements in docs/PERF_NOTES.md.
+bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath path);
+
+// The largest partition the host may pick for that kernel: the tensor-core
+// kernel streams a partition fast enough that a longer one amortizes its
+// per-block prologue (block ids, scale records, q operands) better.
+int32_t MaxPartitionSize(bool tensor_cores);
+
+// Dynamic shared memory the chosen partition kernel needs for `rows` query
+// rows per block (num_q_heads / num_kv_heads * max_query_len) and
+// `partition_size` tokens; the host picks the largest partition size whose
 // need fits the device's per-block limit. The launch raises the kernel's
 // dynamic shared memory limit itself when the need exceeds 48 KiB.
-size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size);
+size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size,
+                         bool tensor_cores);
 
 }  // namespace kernels
 }  // namespace kvpage

@@ -4,14 +4,20 @@
 // kernel, same graph-stable launch; Q.K^T and P.V run on mma.sync m16n8k16
 // with FP32 accumulation, K and V codes go from 16- and 8-byte loads through
 // the conversions of common/dequant.cuh straight into the operand registers
-// (no shared memory for cache data; a per-warp cp.async ring was tried and
-// measured slower, docs/PERF_NOTES.md).
+// (no shared memory for cache data; a per-warp cp.async ring was tried on
+// the first version and measured slower, docs/PERF_NOTES.md). Block size is
+// a template argument, so every load address is a base plus an immediate.
 //
 // Layout. Block (p, h, s), 4 warps, K dtype T = V dtype. A pass covers 8 or
 // 16 query rows (kNT = 1 or 2 column tiles of 8); more rows take more passes.
 // Warp w takes steps of F::kStepTokens tokens (16-bit 16, 8-bit 32, INT4 64)
 // at w, w + 4, ... of the partition, with a private online softmax; the
-// four warps merge through shared memory at the end of the pass.
+// four warps merge through shared memory at the end of the pass. A step's
+// K and V loads are issued one step ahead (K as soon as S^T has consumed
+// the previous codes, V after P.V; the first step's right after the block
+// ids, overlapping the scale records and the q operands). Steps that end
+// before the sequence and that every row sees whole, without ALiBi or
+// soft-cap, run a copy of the step without guards and masks.
 //   S^T = K Q^T:  A = K (16 tokens x 16 channels), B = Q^T (16 channels x 8
 //                 rows), C = S^T. Lane (g, t) loads 16-byte chunk 4c + t of
 //                 the two tokens of A rows g and g + 8; the channels a k-step
@@ -28,10 +34,20 @@
 //   P^T:          the FP32 S^T accumulators (rows = tokens) become P as
 //                 FP16/BF16 pairs, and movmatrix transposes each 8x8 half
 //                 into a B operand: no shared memory.
-// Scales. K: applied to the FP32 accumulator per token (INT4: + min *
-// sum(q)). V: folded into P (P' = p * vscale * 2^ev, 2^ev chosen per
+// Scales. Per-token records {k scale, v scale[, k min, v min]} staged in
+// shared memory with 16-byte loads. K: applied to the FP32 accumulator per
+// token (INT4: + min * sum(q)). V: folded into P (P' = p * vscale * 2^ev, 2^ev chosen per
 // partition from the largest V scale so that P' stays within FP16's normal
-// range); INT4's min term sum(p * vmin) is kept per row in FP32.
+// range); INT4's min term sum(p * vmin) is kept per row in FP32. The
+// softmax runs in log2 units (one FFMA + EX2 a probability).
+// Biased codes. INT8/INT4 codes enter the mma as the magic-number halves
+// without their subtraction (1152 + x; 1024 + n and 1024 + 16 n, the latter
+// meeting q and P divided by 16 in the B operand's second half): Q.K^T then
+// carries bias * sum(q) per row, removed in FP32 from the accumulator, and
+// P.V carries bias * sum(P') in every channel row, accumulated by one more
+// mma per tile on a constant A and subtracted at the end. The FP32
+// accumulations lose ~7 bits to the bias (1024 / 7.5 for INT4), leaving
+// ~2^-17, far below the 2^-11 of the FP16 operands.
 // Precision. Codes are exact in FP16 (BF16 for a BF16 cache). q * lambda is
 // scaled by a per-row power of two into [2^14, 2^15) and rounded to the mma
 // type (exact for FP16/BF16 queries without key smoothing); 16-bit caches
@@ -45,6 +61,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/mma.cuh"
 #include "kernels/paged_decode.cuh"
@@ -62,7 +79,19 @@ struct TcFormat {
   static constexpr int kTiles = kStepTokens / 16;   // 16-token mma k-steps per step
   static constexpr bool kBf16 = T == DType::kBF16;  // mma input type; FP16 otherwise
   static constexpr bool kSplit = !IsQuantized(T);   // 16-bit caches: hi + lo operands
+  // A lane's K tokens of a step lie in sub-spans of at most 8 consecutive,
+  // 8-aligned tokens (INT4: two of them, 8 apart), so none crosses a block.
+  static constexpr int kKHalves = T == DType::kINT4 ? 2 : 1;
 };
+
+// Words of a token's scale record in shared memory: {k scale, v scale}
+// (INT8/FP8), {k scale, k min, v scale, v min} (INT4), none (16-bit).
+KVP_HOST_DEVICE constexpr int TcRecordWords(DType t) {
+  return t == DType::kINT4 ? 4 : IsQuantized(t) ? 2 : 0;
+}
+
+// Tokens a warp takes per step (TcFormat::kStepTokens for a run-time dtype).
+KVP_HOST_DEVICE constexpr int TcStepTokens(DType t) { return 4 * (64 / DTypeBits(t)); }
 
 // The head sizes with tensor-core kernels (the K dtypes are the
 // decode_tc_<dtype>.cu translation units).
@@ -79,68 +108,65 @@ KVP_HOST_DEVICE constexpr bool TcSupports(DType t, int head_size) {
 // to 8 rows, two (16 rows per pass) beyond.
 KVP_HOST_DEVICE constexpr int TcColumnTiles(int rows) { return rows <= 8 ? 1 : 2; }
 
-constexpr int kTcMinBlocksPerSm = 2;
+// Blocks per SM the register budget is cut for: 3 (168 registers) where
+// the one-column-tile kernel fits with few spills (head size <= 128), else 2.
+KVP_HOST_DEVICE constexpr int TcMinBlocksPerSm(int head_size, int column_tiles) {
+  return head_size <= 128 && column_tiles == 1 ? 3 : 2;
+}
 
 // Shared memory of the tensor-core kernel, in 4-byte words.
 struct TcSmemLayout {
-  int blk, kscale, kmin, vscale, vmin;
-  int stat;  // [3][kWarps][pass_rows]: each warp's row max, sum(p), sum(p *
-             // vmin)
-  int out;   // [kWarps][pass_rows][head_size]: each warp's unnormalized O
+  int blk;   // [partition_size / block_size] physical block ids
+  int rec;   // [partition_size rounded up to a step][record words]
+  int stat;  // [3][kWarps][pass_rows]: each warp's row max (log2 units),
+             // sum(p), sum(p * vmin)
+  int row;   // [pass_rows][8]: a row's merge coefficients (TcRowMerge)
+  int out;   // [kWarps][pass_rows][head_size + 4]: each warp's O, unnormalized
+             // (rows padded by 4 words: the fragment stores hit 32 banks)
   int total;
 };
 
 KVP_HOST_DEVICE constexpr TcSmemLayout MakeTcSmemLayout(const CacheGeometry &g, int partition_size,
                                                         int pass_rows) {
   TcSmemLayout s{};
+  const int step = TcStepTokens(g.k_dtype);
   int o = 0;
   s.blk = o;
   o += AlignWords(partition_size / g.block_size);
-  s.kscale = o;
-  o += partition_size;
-  s.kmin = o;
-  o += partition_size;
-  s.vscale = o;
-  o += partition_size;
-  s.vmin = o;
-  o += partition_size;
+  s.rec = o;
+  o += (partition_size + step - 1) / step * step * TcRecordWords(g.k_dtype);
   s.stat = o;
   o += AlignWords(3 * kWarps * pass_rows);
+  s.row = o;
+  o += 8 * pass_rows;
   s.out = o;
-  o += kWarps * pass_rows * g.head_size;
+  o += kWarps * pass_rows * (g.head_size + 4);
   s.total = o;
   return s;
 }
+
+// A merged row of the partition: out[d] = sum_w coef[w] * O_w[d] + add.
+struct TcRowMerge {
+  float coef[kWarps];
+  float add;
+  int index_lo, index_hi;  // PartialIndex of the row, split in two words
+  float pad;
+};
+static_assert(sizeof(TcRowMerge) == 8 * sizeof(float), "TcSmemLayout::row holds 8 words a row");
 
 // Token (within a warp's step) of row m of S^T tile j, which is also k
 // position m of the P.V step j: rows 2t, 2t + 1, 2t + 8, 2t + 9 belong to
 // V span t (lane t's), in the order CodePairs takes that span's codes.
 template <DType T>
-__device__ __forceinline__ int StepToken(int j, int m) {
+KVP_HOST_DEVICE constexpr int StepToken(int j, int m) {
   return TcFormat<T>::kSpan * ((m & 7) >> 1) + PairElement<T>(j, 2 * (m >> 3) + (m & 1));
 }
 
-// The 8 bytes of V channel `ch` holding the span of tokens tok .. tok +
-// kSpan - 1 of the partition (tok a multiple of kSpan); zero where the span
-// starts past the sequence end. An INT4 span is 16 tokens: with block size 8
-// it covers two blocks, read as two 4-byte halves.
-template <DType T>
-__device__ __forceinline__ uint2 LoadVSpan(const uint8_t *v_head, int64_t block_stride,
-                                           const int *blk_s, int bs, int ch, int tok, int n_valid) {
-  constexpr int kBits = DTypeBits(T);
-  if (tok >= n_valid) return make_uint2(0u, 0u);
-  const int b = tok / bs;
-  const int off = tok - b * bs;
-  const int64_t row = int64_t{ch} * bs;  // the channel row's first token, in codes
-  if (TcFormat<T>::kSpan <= 8 || TcFormat<T>::kSpan <= bs) {
-    return __ldg(reinterpret_cast<const uint2 *>(v_head + blk_s[b] * block_stride +
-                                                 (row + off) * kBits / 8));
-  }
-  const auto half = [&](int blk) {
-    return __ldg(
-        reinterpret_cast<const unsigned int *>(v_head + blk * block_stride + row * kBits / 8));
-  };
-  return make_uint2(half(blk_s[b]), tok + bs < n_valid ? half(blk_s[b + 1]) : 0u);
+// 2^x (MUFU.EX2; -inf gives 0). The softmax runs in log2 units.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Zeroes the 16-bit halves of `x` whose tokens are past the sequence end:
@@ -150,8 +176,61 @@ __device__ __forceinline__ uint32_t KeepHalves(uint32_t x, bool lo, bool hi) {
   return x & ((lo ? 0x0000FFFFu : 0u) | (hi ? 0xFFFF0000u : 0u));
 }
 
-template <DType T, int D, int kNT>
-__global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
+// The partition's per-token scale records (TcRecordWords) -> rec, for the
+// slots up to n_valid rounded up to a step (zeros past the sequence end, so
+// no step reads outside). The entries of a block are contiguous (16-128
+// bytes a KV head): each thread loads 16-byte chunks of K and V entries,
+// all of its chunks in flight together. Returns the largest V scale this
+// thread stored.
+template <DType T, int kBS>
+__device__ __forceinline__ float StageTcRecords(const DecodeParams &p, const PartitionState &st,
+                                                const int *blk_s, float *rec) {
+  float largest = 0.0f;
+  if constexpr (TcRecordWords(T) != 0) {
+    const CacheGeometry &g = p.geo;
+    const uint8_t *ks = p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride();
+    const uint8_t *vs = p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride();
+    const int64_t kbs = g.k_scale_block_stride(), vbs = g.v_scale_block_stride();
+    constexpr int kEntry = T == DType::kINT4 ? 4 : 2;  // bytes (K = V dtype)
+    constexpr int kPerChunk = 16 / kEntry;             // tokens of a 16-byte chunk
+    constexpr int kChunksPerBlock = kBS * kEntry / 16;
+    static_assert(kChunksPerBlock >= 1, "a block's entries fill whole chunks");
+    const int nchunks = st.nblk * kChunksPerBlock;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) {
+      const int b = c / kChunksPerBlock;
+      const int at = (c % kChunksPerBlock) * 16;
+      const uint4 kc = Load16(ks + int64_t{blk_s[b]} * kbs + at);
+      const uint4 vc = Load16(vs + int64_t{blk_s[b]} * vbs + at);
+      const uint32_t kw[4] = {kc.x, kc.y, kc.z, kc.w};
+      const uint32_t vw[4] = {vc.x, vc.y, vc.z, vc.w};
+#pragma unroll
+      for (int t = 0; t < kPerChunk; ++t) {
+        const int j = c * kPerChunk + t;
+        const int shift = kEntry == 2 ? 16 * (t & 1) : 0;
+        TokenScale k = TokenScaleFromBits<T>(kw[t * kEntry / 4] >> shift);
+        TokenScale v = TokenScaleFromBits<T>(vw[t * kEntry / 4] >> shift);
+        if (j >= st.n_valid) k = v = {0.0f, 0.0f};  // stale slots of the last block
+        if constexpr (T == DType::kINT4) {
+          reinterpret_cast<float4 *>(rec)[j] = make_float4(k.scale, k.min, v.scale, v.min);
+        } else {
+          reinterpret_cast<float2 *>(rec)[j] = make_float2(k.scale, v.scale);
+        }
+        largest = fmaxf(largest, v.scale);
+      }
+    }
+    // Past the last block, up to the step the last warp reads.
+    constexpr int kStep = TcFormat<T>::kStepTokens;
+    const int n = (st.n_valid + kStep - 1) / kStep * kStep;
+    for (int j = st.nblk * kBS + threadIdx.x; j < n; j += blockDim.x) {
+      for (int w = 0; w < TcRecordWords(T); ++w) rec[TcRecordWords(T) * j + w] = 0.0f;
+    }
+  }
+  return largest;
+}
+
+template <DType T, int D, int kNT, int kBS>
+__global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
     TcPartitionKernel(const __grid_constant__ DecodeParams p,
                       const __grid_constant__ DecodeShape shape,
                       const __grid_constant__ DecodeWorkspace ws) {
@@ -163,8 +242,20 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
   constexpr int kMTiles = D / 16;
   constexpr int kPassRows = 8 * kNT;
   constexpr int kParts = F::kSplit ? 2 : 1;
+  constexpr int kStep = F::kStepTokens;
+  constexpr int kBits = F::kBits;
+  constexpr bool kInt4 = T == DType::kINT4;
+  constexpr int kRec = TcRecordWords(T);
+  constexpr int kOutStride = D + 4;
+  // INT8/INT4 codes enter the mma with the magic number's bias (TcCodeBias):
+  // Q.K^T loses a per-row constant, P.V one extra mma per tile.
+  constexpr bool kBiased = TcCodeBias<T>::kBiased;
+  constexpr float kHiScale = kBiased ? TcCodeBias<T>::kHiScale : 1.0f;
   static_assert(kLaneChunks * kChunkSteps == kKSteps, "four lanes per K row");
+  static_assert(D % 8 == 0 && F::kX % 8 == 0, "q is loaded eight channels at a time");
   constexpr bool kMaskV = T != DType::kINT8 && T != DType::kINT4;  // codes that can be NaN
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kLn2 = 0.6931471805599453f;
 
   const CacheGeometry &g = p.geo;
   PartitionState st;
@@ -176,29 +267,124 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
   const int warp = tid / 32;
   const int grp = lane / 4;
   const int tig = lane % 4;
-  const int bs = g.block_size;
+  constexpr int bs = kBS;
+  constexpr int lbs = kBS == 8 ? 3 : kBS == 16 ? 4 : 5;
+  static_assert(kBS == 8 || kBS == 16 || kBS == 32, "block sizes 8, 16, 32");
   const int qlen = p.query_len;
 
   __shared__ unsigned vmax_bits;
   if (tid == 0) vmax_bits = 0u;  // ordered by StageBlockIds' barriers
   int *blk_s = reinterpret_cast<int *>(smem + lay.blk);
   if (!StageBlockIds(p, shape, ws, st, blk_s)) return;
-  StageTokenScales(g.k_dtype,
-                   p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride(),
-                   g.k_scale_block_stride(), g.k_scale_entry_bytes(), st, bs, blk_s,
-                   smem + lay.kscale, smem + lay.kmin);
-  const float vlargest = StageTokenScales(
-      g.v_dtype, p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride(),
-      g.v_scale_block_stride(), g.v_scale_entry_bytes(), st, bs, blk_s, smem + lay.vscale,
-      smem + lay.vmin);
-  atomicMax(&vmax_bits,
-            __float_as_uint(vlargest));  // scales are >= 0: bits order as values
+  const uint8_t *k_head = p.layer + g.k_data_offset() + int64_t{st.kvh} * g.k_head_stride();
+  const uint8_t *v_head = p.layer + g.v_data_offset() + int64_t{st.kvh} * g.v_head_stride();
+  const int64_t k_block_stride = g.k_block_stride();
+  const int64_t v_block_stride = g.v_block_stride();
+  constexpr int chunk4 = 4 * bs * 16;  // bytes between a lane's K chunks of one token
+  constexpr int vrow = bs * kBits / 8;  // bytes of a V channel row in a block
+  constexpr int vrow8 = 8 * vrow;       // between the V rows of hh and i neighbours
+  // With a soft-cap the scaled logit is divided by cap before tanh.
+  const float cap = p.logits_soft_cap;
+  const float q_scale = cap > 0.0f ? p.sm_scale / cap : p.sm_scale;
+  const bool alibi = p.alibi_slopes != nullptr;
+  const bool plain = !alibi && !(cap > 0.0f);
+  // Tokens of the partition that every row sees whole (no window or causal
+  // cut): steps inside [vis_lo, vis_hi] skip the masks.
+  const int vis_hi = st.len - qlen - st.start;
+  const int vis_lo = (p.sliding_window > 0 ? max(0, st.len - p.sliding_window) : 0) - st.start;
+
+  // A lane's K tokens in a step: s0 + k_lane + StepToken<T>(j, 8 hh).
+  const int k_lane = F::kSpan * (grp >> 1) + (kInt4 ? 4 : 1) * (grp & 1);
+  const uint8_t *k_lane_head = k_head + (k_lane % 8) * 16 + tig * (bs * 16);
+  const uint8_t *v_lane_head = v_head + grp * vrow;
+
+  // Registers of one step's K and V codes. A step's loads are issued a
+  // step ahead: K once S^T of the step before has consumed its codes, V
+  // once its P.V has (the first step's right after the block ids, so that
+  // they overlap the scale records and the q operands).
+  uint4 kraw[F::kTiles][2][kLaneChunks];
+  uint2 vraw[kMTiles][2];
+  // K: the rows of S^T rows grp, grp + 8 of every tile. kFull: the step
+  // ends before the sequence does (no guards).
+  auto load_k = [&](const int s0, auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    const uint8_t *kb[F::kKHalves];
+#pragma unroll
+    for (int h = 0; h < F::kKHalves; ++h) {
+      const int t8 = s0 + ((k_lane + 8 * h) & ~7);  // the sub-span's first token
+      const int b = kFull || t8 < st.n_valid ? blk_s[t8 >> lbs] : 0;
+      kb[h] = k_lane_head + int64_t{b} * k_block_stride + (t8 & (bs - 1)) * 16;
+    }
+#pragma unroll
+    for (int j = 0; j < F::kTiles; ++j) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int off = StepToken<T>(j, 8 * hh);  // compile-time after unrolling
+        const int h = off / 8;
+        const uint8_t *kp = kb[h] + (off % 8) * 16;
+        const bool in = kFull || s0 + k_lane + off < st.n_valid;
+#pragma unroll
+        for (int c = 0; c < kLaneChunks; ++c) {
+          kraw[j][hh][c] = in ? Load16(kp + c * chunk4) : Zero16();
+        }
+      }
+    }
+  };
+  // V: the lane's span of every channel row it holds.
+  auto load_v = [&](const int s0, auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    const int span_tok = s0 + F::kSpan * tig;
+    const bool in = kFull || span_tok < st.n_valid;
+    const int b = in ? blk_s[span_tok >> lbs] : 0;
+    const uint8_t *vb = v_lane_head + int64_t{b} * v_block_stride +
+                        (span_tok & (bs - 1)) * kBits / 8;
+    if constexpr (!kInt4 || bs > 8) {
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          vraw[i][hh] = in ? __ldg(reinterpret_cast<const uint2 *>(vb + (2 * i + hh) * vrow8))
+                           : make_uint2(0u, 0u);
+        }
+      }
+    } else {
+      // An INT4 span of 16 tokens over two blocks of 8: two 4-byte rows.
+      const bool in2 = kFull || span_tok + 8 < st.n_valid;
+      const int b2 = in2 ? blk_s[(span_tok >> lbs) + 1] : 0;
+      const uint8_t *vb2 = v_lane_head + int64_t{b2} * v_block_stride;
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int off = (2 * i + hh) * vrow8;
+          vraw[i][hh] = make_uint2(
+              in ? __ldg(reinterpret_cast<const unsigned *>(vb + off)) : 0u,
+              in2 ? __ldg(reinterpret_cast<const unsigned *>(vb2 + off)) : 0u);
+        }
+      }
+    }
+  };
+  auto load_step = [&](const int s0, const bool with_k, const bool with_v) {
+    if (s0 >= st.n_valid) return;
+    if (s0 + kStep <= st.n_valid) {
+      if (with_k) load_k(s0, std::true_type{});
+      if (with_v) load_v(s0, std::true_type{});
+    } else {
+      if (with_k) load_k(s0, std::false_type{});
+      if (with_v) load_v(s0, std::false_type{});
+    }
+  };
+  load_step(warp * kStep, true, true);
+
+  const float *rec = smem + lay.rec;
+  const float vlargest = StageTcRecords<T, kBS>(p, st, blk_s, smem + lay.rec);
+  if (kRec != 0) atomicMax(&vmax_bits, __float_as_uint(vlargest));  // scales >= 0 order as bits
   __syncthreads();
   // P' = p * vscale * vfac < 2^14: inside FP16's range, and the tokens that
-  // carry weight stay clear of its subnormals.
+  // carry weight stay clear of its subnormals (16-bit caches: vscale = 1).
   float vfac = 1.0f;
   {
-    const float vmax = __uint_as_float(vmax_bits);
+    const float vmax = kRec != 0 ? __uint_as_float(vmax_bits) : 1.0f;
     if (vmax > 0.0f && isfinite(vmax)) {
       int e = 0;
       frexpf(vmax, &e);  // vmax in [2^(e-1), 2^e)
@@ -207,25 +393,11 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
   }
   const float inv_vfac = 1.0f / vfac;  // a power of two: exact
 
-  const float *kscale_s = smem + lay.kscale;
-  const float *kmin_s = smem + lay.kmin;
-  const float *vscale_s = smem + lay.vscale;
-  const float *vmin_s = smem + lay.vmin;
-  const uint8_t *k_head = p.layer + g.k_data_offset() + int64_t{st.kvh} * g.k_head_stride();
-  const uint8_t *v_head = p.layer + g.v_data_offset() + int64_t{st.kvh} * g.v_head_stride();
-  const int64_t k_block_stride = g.k_block_stride();
-  const int64_t v_block_stride = g.v_block_stride();
-  const int64_t chunk_stride = g.k_chunk_stride();
-  // With a soft-cap the scaled logit is divided by cap before tanh.
-  const float cap = p.logits_soft_cap;
-  const float q_scale = cap > 0.0f ? p.sm_scale / cap : p.sm_scale;
-  const bool alibi = p.alibi_slopes != nullptr;
-
   for (int r0 = 0; r0 < st.rows; r0 += kPassRows) {
     // ---- Q^T operands: lane (grp, tig) holds row r0 + 8 nt + grp at the
     // channels of its K chunks, times lambda, times 2^qe (per row).
     uint32_t qb[kNT][kKSteps][2][kParts];
-    float own_fac[kNT], own_sum[kNT];
+    float own_fac[kNT], own_sum[kNT], own_bias[kNT];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       const int row = r0 + 8 * nt + grp;
@@ -238,15 +410,33 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
       float amax = 0.0f;
 #pragma unroll
       for (int c = 0; c < kLaneChunks; ++c) {
+        const int ch0 = (4 * c + tig) * F::kX;  // the lane's chunk: kX channels
 #pragma unroll
-        for (int k = 0; k < kChunkSteps; ++k) {
+        for (int e8 = 0; e8 < F::kX; e8 += 8) {
+          float v[8], lam[8];
+          if (live) {
+            LoadAsFloat8(p.q_dtype, p.q, qbase + ch0 + e8, v);
+          } else {
 #pragma unroll
-          for (int slot = 0; slot < 4; ++slot) {
-            const int ch = (4 * c + tig) * F::kX + PairElement<T>(k, slot);
-            float v = live ? LoadAsFloat(p.q_dtype, p.q, qbase + ch) : 0.0f;
-            if (p.key_smoothing != nullptr) v *= p.key_smoothing[int64_t{st.kvh} * D + ch];
-            x[c * kChunkSteps + k][slot] = v;
-            amax = fmaxf(amax, fabsf(v));
+            for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+          }
+          if (p.key_smoothing != nullptr) {
+            LoadAsFloat8(DType::kFP32, p.key_smoothing, int64_t{st.kvh} * D + ch0 + e8, lam);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] *= lam[e];
+          }
+          // Channel ch0 + e8 + e is slot `slot` of k-step k where
+          // PairElement<T>(k, slot) == e8 + e.
+#pragma unroll
+          for (int k = 0; k < kChunkSteps; ++k) {
+#pragma unroll
+            for (int slot = 0; slot < 4; ++slot) {
+              const int el = PairElement<T>(k, slot);
+              if (el >= e8 && el < e8 + 8) {
+                x[c * kChunkSteps + k][slot] = v[el - e8];
+                amax = fmaxf(amax, fabsf(v[el - e8]));
+              }
+            }
           }
         }
       }
@@ -258,17 +448,21 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
         qe = min(max(15 - qe, -100), 100);
       }
       const float up = ldexpf(1.0f, qe);
-      float qsum = 0.0f;
+      // qsum: sum(q) as rounded (INT4's min term); qused: the sum of the
+      // operand values, the `hi` half divided by the codes' hi scale (bias).
+      float qsum = 0.0f, qused = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float a = x[ks][2 * h] * up;
-          const float b = x[ks][2 * h + 1] * up;
+          const float f = h == 1 ? up / kHiScale : up;  // a power of two
+          const float a = x[ks][2 * h] * f;
+          const float b = x[ks][2 * h + 1] * f;
           const uint32_t hi = PackPair<kBf16>(a, b);
           const float2 hv = UnpackPair<kBf16>(hi);
           qb[nt][ks][h][0] = hi;
-          qsum += hv.x + hv.y;
+          qused += hv.x + hv.y;
+          qsum += (hv.x + hv.y) * (h == 1 ? kHiScale : 1.0f);
           if constexpr (kParts == 2) {
             const uint32_t lo = PackPair<kBf16>(a - hv.x, b - hv.y);
             const float2 lv = UnpackPair<kBf16>(lo);
@@ -279,12 +473,16 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
       }
       qsum += __shfl_xor_sync(kFullMask, qsum, 1);
       qsum += __shfl_xor_sync(kFullMask, qsum, 2);
-      own_fac[nt] = q_scale / up;
+      qused += __shfl_xor_sync(kFullMask, qused, 1);
+      qused += __shfl_xor_sync(kFullMask, qused, 2);
+      own_fac[nt] = q_scale / up * kLog2e;
       own_sum[nt] = qsum;
+      own_bias[nt] = kBiased ? TcCodeBias<T>::kBias * qused : 0.0f;
     }
 
-    // ---- The rows of this lane's accumulators: 8 nt + 2 tig + e.
-    float rfac[kNT][2], rsum[kNT][2], rslope[kNT][2];
+    // ---- The rows of this lane's accumulators: 8 nt + 2 tig + e. Logits
+    // y are in log2 units: y = rfac * (kscale * s + kmin * sum(q)).
+    float rfac[kNT][2], rsum[kNT][2], rbias[kNT][2], rslope[kNT][2];
     int rpos[kNT][2], rlo[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
@@ -293,6 +491,7 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
         const int src = 4 * (2 * tig + e);  // the lane that loaded that row's q
         rfac[nt][e] = __shfl_sync(kFullMask, own_fac[nt], src);
         rsum[nt][e] = __shfl_sync(kFullMask, own_sum[nt], src);
+        rbias[nt][e] = __shfl_sync(kFullMask, own_bias[nt], src);
         const int row = r0 + 8 * nt + 2 * tig + e;
         const int gi = row / qlen;
         const int i = row - gi * qlen;
@@ -305,9 +504,12 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
     }
 
     float o[kMTiles][kNT][4];
+    float ob[kNT][4];  // the bias's share of every O^T row (kBiased)
     float mrun[kNT][2], lrun[kNT][2], pmrun[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) ob[nt][c] = 0.0f;
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
@@ -321,51 +523,26 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
       }
     }
 
-#pragma unroll 1
-    for (int s0 = warp * F::kStepTokens; s0 < st.n_valid; s0 += kWarps * F::kStepTokens) {
-      // ---- Loads: K rows of S^T rows grp, grp + 8 of every tile; V spans.
-      uint4 kraw[F::kTiles][2][kLaneChunks];
-#pragma unroll
-      for (int j = 0; j < F::kTiles; ++j) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int tt = s0 + StepToken<T>(j, grp + 8 * hh);
-          const uint8_t *kp = k_head;
-          const bool in = tt < st.n_valid;
-          if (in) {
-            const int b = tt / bs;
-            kp = k_head + blk_s[b] * k_block_stride + (tt - b * bs) * 16 + tig * chunk_stride;
-          }
-#pragma unroll
-          for (int c = 0; c < kLaneChunks; ++c) {
-            kraw[j][hh][c] = in ? Load16(kp + 4 * c * chunk_stride) : Zero16();
-          }
-        }
-      }
+    // One step of kStep tokens from s0. kFast: every token is before the
+    // sequence end and seen by every row, and there is no ALiBi or
+    // soft-cap — no per-element masks, no guarded loads.
+    auto step = [&](const int s0, auto fast) {
+      constexpr bool kFast = decltype(fast)::value;
+      const int next = s0 + kWarps * kStep;
       const int span_tok = s0 + F::kSpan * tig;
-      uint2 vraw[kMTiles][2];
-#pragma unroll
-      for (int i = 0; i < kMTiles; ++i) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          vraw[i][hh] = LoadVSpan<T>(v_head, v_block_stride, blk_s, bs, 16 * i + grp + 8 * hh,
-                                     span_tok, st.n_valid);
-        }
-      }
-
       // ---- S^T = K Q^T.
       // The hi and lo products of a 16-bit cache accumulate apart: two
       // independent mma chains instead of one twice as long.
-      float sp[kParts][F::kTiles][kNT][4];
       float s[F::kTiles][kNT][4];
 #pragma unroll
       for (int j = 0; j < F::kTiles; ++j) {
+        float sp[kParts][kNT][4];
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
 #pragma unroll
-            for (int part = 0; part < kParts; ++part) sp[part][j][nt][c] = 0.0f;
+            for (int part = 0; part < kParts; ++part) sp[part][nt][c] = 0.0f;
           }
         }
 #pragma unroll
@@ -377,14 +554,14 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
 #pragma unroll
           for (int k = 0; k < kChunkSteps; ++k) {
             uint32_t a[4];
-            CodePairs<T>(w0, k, a[0], a[2]);
-            CodePairs<T>(w1, k, a[1], a[3]);
+            CodePairs<T, kBiased>(w0, k, a[0], a[2]);
+            CodePairs<T, kBiased>(w1, k, a[1], a[3]);
             const int ks = c * kChunkSteps + k;
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
               for (int part = 0; part < kParts; ++part) {
-                MmaM16N8K16<kBf16>(sp[part][j][nt], a, qb[nt][ks][0][part], qb[nt][ks][1][part]);
+                MmaM16N8K16<kBf16>(sp[part][nt], a, qb[nt][ks][0][part], qb[nt][ks][1][part]);
               }
             }
           }
@@ -393,13 +570,17 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            s[j][nt][c] = sp[0][j][nt][c];
-            if constexpr (kParts == 2) s[j][nt][c] += sp[kParts - 1][j][nt][c];
+            s[j][nt][c] = sp[0][nt][c];
+            if constexpr (kParts == 2) s[j][nt][c] += sp[kParts - 1][nt][c];
           }
         }
       }
 
-      // ---- Logits: K scale, soft-cap, ALiBi, masks; the step's row maxima.
+      load_step(next, true, false);  // kraw is free again
+
+      // ---- Logits (log2 units): K scale, soft-cap, ALiBi, masks; the
+      // step's row maxima. The token records serve the P stage too.
+      float vs[F::kTiles][2], vm[F::kTiles][2];
       float mstep[kNT][2];
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) mstep[nt][0] = mstep[nt][1] = -INFINITY;
@@ -407,28 +588,48 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
       for (int j = 0; j < F::kTiles; ++j) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const int tt = s0 + StepToken<T>(j, grp + 8 * hh);
-          const bool in = tt < st.n_valid;
-          const float ks = in ? kscale_s[tt] : 0.0f;
-          const float km = in ? kmin_s[tt] : 0.0f;
+          const int tt = s0 + k_lane + StepToken<T>(j, 8 * hh);
+          float ks = 1.0f, km = 0.0f;
+          // P^T's second half meets the `hi` codes: divided by their scale.
+          const float vf = hh == 1 ? vfac / kHiScale : vfac;
+          vs[j][hh] = vf;
+          vm[j][hh] = 0.0f;
+          if constexpr (kRec == 4) {
+            const float4 r = *reinterpret_cast<const float4 *>(rec + 4 * tt);
+            ks = r.x, km = r.y, vs[j][hh] = r.z * vf, vm[j][hh] = r.w;
+          } else if constexpr (kRec == 2) {
+            const float2 r = *reinterpret_cast<const float2 *>(rec + 2 * tt);
+            ks = r.x, vs[j][hh] = r.y * vf;
+          }
+          const bool in = kFast || tt < st.n_valid;
           const int t = st.start + tt;
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              float l = rfac[nt][e] * fmaf(ks, s[j][nt][2 * hh + e], km * rsum[nt][e]);
-              if (cap > 0.0f) l = cap * tanhf(l);
-              if (alibi) l = fmaf(rslope[nt][e], static_cast<float>(t - rpos[nt][e]), l);
-              const bool visible = in && t >= rlo[nt][e] && t <= rpos[nt][e];
-              l = visible ? l : -INFINITY;
-              s[j][nt][2 * hh + e] = l;
-              mstep[nt][e] = fmaxf(mstep[nt][e], l);
+              const float sx = kBiased ? s[j][nt][2 * hh + e] - rbias[nt][e] : s[j][nt][2 * hh + e];
+              float y = kInt4 ? fmaf(ks, sx, km * rsum[nt][e]) : ks * sx;
+              y *= rfac[nt][e];
+              if constexpr (!kFast) {
+                if (!plain) {
+                  float l = y * kLn2;
+                  if (cap > 0.0f) l = cap * tanhf(l);
+                  if (alibi) l = fmaf(rslope[nt][e], static_cast<float>(t - rpos[nt][e]), l);
+                  y = l * kLog2e;
+                }
+                const bool visible = in && t >= rlo[nt][e] && t <= rpos[nt][e];
+                y = visible ? y : -INFINITY;
+              }
+              s[j][nt][2 * hh + e] = y;
+              mstep[nt][e] = fmaxf(mstep[nt][e], y);
             }
           }
         }
       }
 
-      // ---- Online softmax: rescale what the warp has so far.
+      // ---- Online softmax: rescale what the warp has so far, only when
+      // some row's maximum grew (rare after the first steps).
+      bool grew = false;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -437,15 +638,27 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
           m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 4));
           m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 8));
           m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 16));
-          const float mnew = fmaxf(mrun[nt][e], m);
-          const float alpha = mnew == -INFINITY ? 1.0f : __expf(mrun[nt][e] - mnew);
-          mrun[nt][e] = mnew;
-          lrun[nt][e] *= alpha;
-          pmrun[nt][e] *= alpha;
+          mstep[nt][e] = fmaxf(mrun[nt][e], m);
+          grew |= mstep[nt][e] > mrun[nt][e];
+        }
+      }
+      if (__any_sync(kFullMask, grew)) {
 #pragma unroll
-          for (int i = 0; i < kMTiles; ++i) {
-            o[i][nt][e] *= alpha;
-            o[i][nt][e + 2] *= alpha;
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float mnew = mstep[nt][e];
+            const float alpha = mnew > mrun[nt][e] ? Exp2(mrun[nt][e] - mnew) : 1.0f;
+            mrun[nt][e] = mnew;
+            lrun[nt][e] *= alpha;
+            pmrun[nt][e] *= alpha;
+            ob[nt][e] *= alpha;
+            ob[nt][e + 2] *= alpha;
+#pragma unroll
+            for (int i = 0; i < kMTiles; ++i) {
+              o[i][nt][e] *= alpha;
+              o[i][nt][e + 2] *= alpha;
+            }
           }
         }
       }
@@ -454,14 +667,6 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
       uint32_t pb[F::kTiles][kNT][2][kParts];
 #pragma unroll
       for (int j = 0; j < F::kTiles; ++j) {
-        float vs[2], vm[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int tt = s0 + StepToken<T>(j, grp + 8 * hh);
-          const bool in = tt < st.n_valid;
-          vs[hh] = in ? vscale_s[tt] * vfac : 0.0f;
-          vm[hh] = in ? vmin_s[tt] : 0.0f;
-        }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
           float pv[2][2];
@@ -469,11 +674,14 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
           for (int hh = 0; hh < 2; ++hh) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float l = s[j][nt][2 * hh + e];
-              const float pr = l == -INFINITY ? 0.0f : __expf(l - mrun[nt][e]);
+              const float y = s[j][nt][2 * hh + e];
+              // A masked logit is -inf; so may the row maximum be (nothing
+              // seen yet): -inf - -inf must give 0, not NaN.
+              const float pr = kFast ? Exp2(y - mrun[nt][e])
+                                     : (y == -INFINITY ? 0.0f : Exp2(y - mrun[nt][e]));
               lrun[nt][e] += pr;
-              pmrun[nt][e] = fmaf(pr, vm[hh], pmrun[nt][e]);
-              pv[hh][e] = pr * vs[hh];
+              if constexpr (kInt4) pmrun[nt][e] = fmaf(pr, vm[j][hh], pmrun[nt][e]);
+              pv[hh][e] = pr * vs[j][hh];
             }
           }
 #pragma unroll
@@ -489,8 +697,18 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
         }
       }
 
-      // ---- O^T += V^T P^T.
-      const bool tail = s0 + F::kStepTokens > st.n_valid;
+      // ---- O^T += V^T P^T (biased codes: ob += bias * P^T, every row).
+      if constexpr (kBiased) {
+        constexpr uint32_t kB = TcCodeBias<T>::kBiasPair;
+        const uint32_t bias_a[4] = {kB, kB, kB, kB};
+#pragma unroll
+        for (int j = 0; j < F::kTiles; ++j) {
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            MmaM16N8K16<kBf16>(ob[nt], bias_a, pb[j][nt][0][0], pb[j][nt][1][0]);
+          }
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
         const uint2 v0 = vraw[i][0];
@@ -500,9 +718,9 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
 #pragma unroll
         for (int j = 0; j < F::kTiles; ++j) {
           uint32_t a[4];
-          CodePairs<T>(w0, j, a[0], a[2]);
-          CodePairs<T>(w1, j, a[1], a[3]);
-          if (kMaskV && tail) {
+          CodePairs<T, kBiased>(w0, j, a[0], a[2]);
+          CodePairs<T, kBiased>(w1, j, a[1], a[3]);
+          if constexpr (kMaskV && !kFast) {
             bool keep[4];
 #pragma unroll
             for (int slot = 0; slot < 4; ++slot) {
@@ -522,6 +740,17 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
           }
         }
       }
+      load_step(next, false, true);  // vraw is free again
+    };
+
+#pragma unroll 1
+    for (int s0 = warp * kStep; s0 < st.n_valid; s0 += kWarps * kStep) {
+      const bool fast = plain && s0 + kStep <= st.n_valid && s0 >= vis_lo && s0 + kStep - 1 <= vis_hi;
+      if (fast) {
+        step(s0, std::true_type{});
+      } else {
+        step(s0, std::false_type{});
+      }
     }
 
     // ---- Merge the warps, normalize, write the partials.
@@ -535,7 +764,7 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
 #pragma unroll
         for (int off = 4; off < 32; off *= 2) {
           l += __shfl_xor_sync(kFullMask, l, off);
-          pm += __shfl_xor_sync(kFullMask, pm, off);
+          if constexpr (kInt4) pm += __shfl_xor_sync(kFullMask, pm, off);
         }
         const int r = 8 * nt + 2 * tig + e;
         if (grp == 0) {
@@ -547,49 +776,91 @@ __global__ void __launch_bounds__(kThreads, kTcMinBlocksPerSm)
         for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            wout[(warp * kPassRows + r) * D + 16 * i + grp + 8 * hh] = o[i][nt][2 * hh + e];
+            wout[(warp * kPassRows + r) * kOutStride + 16 * i + grp + 8 * hh] =
+                o[i][nt][2 * hh + e] - ob[nt][2 * hh + e];
           }
         }
       }
     }
     __syncthreads();
     const int live_rows = min(kPassRows, st.rows - r0);
-    for (int idx = tid; idx < live_rows * D; idx += kThreads) {
-      const int r = idx / D;
-      const int d = idx - r * D;
+    auto *merge = reinterpret_cast<TcRowMerge *>(smem + lay.row);
+    if (tid < live_rows) {
+      const int r = tid;
       float m = -INFINITY;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) m = fmaxf(m, stat[w * kPassRows + r]);
-      float sum = 0.0f, acc = 0.0f, pm = 0.0f;
-      if (m != -INFINITY) {
+      float f[kWarps];
+      float sum = 0.0f, pm = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float f = __expf(stat[w * kPassRows + r] - m);  // 0 for a warp that saw nothing
-          sum = fmaf(f, stat[(kWarps + w) * kPassRows + r], sum);
-          pm = fmaf(f, stat[(2 * kWarps + w) * kPassRows + r], pm);
-          acc = fmaf(f, wout[(w * kPassRows + r) * D + d], acc);
-        }
+      for (int w = 0; w < kWarps; ++w) {
+        // 0 for a warp that saw nothing; all 0 when no warp saw anything.
+        f[w] = m == -INFINITY ? 0.0f : Exp2(stat[w * kPassRows + r] - m);
+        sum = fmaf(f[w], stat[(kWarps + w) * kPassRows + r], sum);
+        pm = fmaf(f[w], stat[(2 * kWarps + w) * kPassRows + r], pm);
       }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      TcRowMerge mg;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mg.coef[w] = f[w] * inv_vfac * inv;
+      mg.add = pm * inv;
       const int64_t base = PartialIndex(p, shape, st.seq, st.kvh, st.group, r0 + r, st.part);
-      ws.partial_out[base * D + d] = sum > 0.0f ? fmaf(acc, inv_vfac, pm) / sum : 0.0f;
-      if (d == 0) {
-        ws.partial_max[base] = m;
-        ws.partial_sum[base] = sum;
-      }
+      mg.index_lo = static_cast<int>(base & 0xFFFFFFFF);
+      mg.index_hi = static_cast<int>(base >> 32);
+      mg.pad = 0.0f;
+      merge[r] = mg;
+      ws.partial_max[base] = m * kLn2;  // natural log units, as the reduce expects
+      ws.partial_sum[base] = sum;
     }
-    __syncthreads();  // the next pass reuses stat / out
+    __syncthreads();
+    constexpr int kQuads = D / 4;
+    for (int idx = tid; idx < live_rows * kQuads; idx += kThreads) {
+      const int r = idx / kQuads;
+      const int d = 4 * (idx - r * kQuads);
+      const TcRowMerge mg = merge[r];
+      float4 acc = make_float4(mg.add, mg.add, mg.add, mg.add);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float4 v = LoadFloat4(wout + (w * kPassRows + r) * kOutStride + d);
+        acc.x = fmaf(mg.coef[w], v.x, acc.x);
+        acc.y = fmaf(mg.coef[w], v.y, acc.y);
+        acc.z = fmaf(mg.coef[w], v.z, acc.z);
+        acc.w = fmaf(mg.coef[w], v.w, acc.w);
+      }
+      const int64_t base =
+          (int64_t{mg.index_hi} << 32) | static_cast<int64_t>(static_cast<uint32_t>(mg.index_lo));
+      *reinterpret_cast<float4 *>(ws.partial_out + base * D + d) = acc;
+    }
+    __syncthreads();  // the next pass reuses stat / row / out
+    if (r0 + kPassRows < st.rows) load_step(warp * kStep, true, true);
   }
 }
 
-// Launches TcPartitionKernel<T, D, kNT> with the shared memory it lays out.
-template <DType T, int D, int kNT>
-int LaunchTcPartitionKernelRows(const DecodeParams& p, const DecodeShape& shape,
-                                const DecodeWorkspace& ws, cudaStream_t stream) {
+// Launches TcPartitionKernel<T, D, kNT, kBS> with the shared memory it lays
+// out.
+template <DType T, int D, int kNT, int kBS>
+int LaunchTcPartitionKernelShape(const DecodeParams &p, const DecodeShape &shape,
+                                 const DecodeWorkspace &ws, cudaStream_t stream) {
   static std::atomic<size_t> configured[kMaxSmemDevices];
   const size_t smem_bytes = sizeof(float) * static_cast<size_t>(
                                 MakeTcSmemLayout(p.geo, shape.partition_size, 8 * kNT).total);
-  return LaunchPartitionGrid(&TcPartitionKernel<T, D, kNT>, configured, p, shape, ws, smem_bytes,
-                             stream);
+  return LaunchPartitionGrid(&TcPartitionKernel<T, D, kNT, kBS>, configured, p, shape, ws,
+                             smem_bytes, stream);
+}
+
+template <DType T, int D, int kNT>
+int LaunchTcPartitionKernelRows(const DecodeParams &p, const DecodeShape &shape,
+                                const DecodeWorkspace &ws, cudaStream_t stream) {
+  switch (p.geo.block_size) {
+    case 8:
+      return LaunchTcPartitionKernelShape<T, D, kNT, 8>(p, shape, ws, stream);
+    case 16:
+      return LaunchTcPartitionKernelShape<T, D, kNT, 16>(p, shape, ws, stream);
+    case 32:
+      return LaunchTcPartitionKernelShape<T, D, kNT, 32>(p, shape, ws, stream);
+    default:
+      return cudaErrorInvalidValue;  // the cache validated it (8, 16, 32)
+  }
 }
 
 // The tensor-core partition launcher for (T, D), same signature as

@@ -144,7 +144,8 @@ class CudaBackend final : public Backend {
     return path;
   }
 
-  // Partition size: the largest of 512..32 whose shared memory fits, then
+  // Partition size: the largest of MaxPartitionSize..32 (2048 for the
+  // tensor-core kernel, 512 for the thread-group one) whose shared memory fits, then
   // halved while the capacity's grid would leave SMs idle (small batches
   // of long sequences want more partitions). Depends on capacities only.
   DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
@@ -152,15 +153,16 @@ class CudaBackend final : public Backend {
     s.max_num_seqs = cap.max_num_seqs;
     s.max_query_len = cap.max_query_len;
     const int32_t rows = cap.num_q_heads / geo.num_kv_heads * cap.max_query_len;
-    int32_t p = 512;
-    while (p > 32 && kernels::DecodeSharedBytes(geo, rows, p) > max_shared_per_block_) p /= 2;
+    s.path = PathFromEnvironment();
+    const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
+    int32_t p = kernels::MaxPartitionSize(tc);
+    while (p > 32 && kernels::DecodeSharedBytes(geo, rows, p, tc) > max_shared_per_block_) p /= 2;
     auto blocks = [&](int32_t part) {
       return int64_t{cap.max_num_seqs} * geo.num_kv_heads * ((cap.max_context_len + part - 1) / part);
     };
     while (p > 64 && blocks(p) < 2 * int64_t{num_sms_}) p /= 2;
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
-    s.path = PathFromEnvironment();
     return s;
   }
 

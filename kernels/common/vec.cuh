@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/dequant.cuh"
 #include "src/geometry.h"
 
 namespace kvpage {
@@ -51,6 +52,32 @@ __device__ __forceinline__ void StoreFromFloat(DType dtype, void* base, int64_t 
       break;
     default:
       reinterpret_cast<float*>(base)[i] = v;
+  }
+}
+
+// Elements i .. i + 7 of an FP32 / FP16 / BF16 tensor as floats: 16-byte
+// loads where the address allows (a query row with an aligned stride),
+// element loads otherwise.
+__device__ __forceinline__ void LoadAsFloat8(DType dtype, const void* base, int64_t i,
+                                             float (&f)[8]) {
+  const int bytes = dtype == DType::kFP32 ? 4 : 2;
+  const auto* at = static_cast<const uint8_t*>(base) + i * bytes;
+  if (reinterpret_cast<uintptr_t>(at) % 16 != 0) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = LoadAsFloat(dtype, base, i + e);
+    return;
+  }
+  if (dtype == DType::kFP32) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(at));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(at) + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+    f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    return;
+  }
+  if (dtype == DType::kBF16) {
+    DequantCodes<DType::kBF16>(Load16(at), f);
+  } else {
+    DequantCodes<DType::kFP16>(Load16(at), f);
   }
 }
 
