@@ -40,14 +40,13 @@
 // partition from the largest V scale so that P' stays within FP16's normal
 // range); INT4's min term sum(p * vmin) is kept per row in FP32. The
 // softmax runs in log2 units (one FFMA + EX2 a probability).
-// Biased codes. INT8/INT4 codes enter the mma as the magic-number halves
-// without their subtraction (1152 + x; 1024 + n and 1024 + 16 n, the latter
-// meeting q and P divided by 16 in the B operand's second half): Q.K^T then
-// carries bias * sum(q) per row, removed in FP32 from the accumulator, and
-// P.V carries bias * sum(P') in every channel row, accumulated by one more
-// mma per tile on a constant A and subtracted at the end. The FP32
-// accumulations lose ~7 bits to the bias (1024 / 7.5 for INT4), leaving
-// ~2^-17, far below the 2^-11 of the FP16 operands.
+// Biased K codes. INT8/INT4 K codes enter the mma as the magic-number
+// halves without their subtraction (1152 + x; 1024 + n and 1024 + 16 n, the
+// latter meeting q divided by 16 in the B operand's second half): Q.K^T then
+// carries bias * sum(q) per row, removed in FP32 from the accumulator (a
+// logit error of ~1e-4 absolute at most). V codes stay exact: P.V's bias
+// would scale with the partition's sum of P' and swamp small outputs
+// (measured: 2e-2 relative error at 2048-token partitions).
 // Precision. Codes are exact in FP16 (BF16 for a BF16 cache). q * lambda is
 // scaled by a per-row power of two into [2^14, 2^15) and rounded to the mma
 // type (exact for FP16/BF16 queries without key smoothing); 16-bit caches
@@ -108,10 +107,14 @@ KVP_HOST_DEVICE constexpr bool TcSupports(DType t, int head_size) {
 // to 8 rows, two (16 rows per pass) beyond.
 KVP_HOST_DEVICE constexpr int TcColumnTiles(int rows) { return rows <= 8 ? 1 : 2; }
 
-// Blocks per SM the register budget is cut for: 3 (168 registers) where
-// the one-column-tile kernel fits with few spills (head size <= 128), else 2.
-KVP_HOST_DEVICE constexpr int TcMinBlocksPerSm(int head_size, int column_tiles) {
-  return head_size <= 128 && column_tiles == 1 ? 3 : 2;
+// Blocks per SM the register budget is cut for, from measurements
+// (docs/PERF_NOTES.md): 3 (168 registers) for the one-column-tile kernels of
+// head size <= 128 with 16- and 8-bit codes (few spills; 4-7% faster than 2
+// at B = 512 and MHA); 2 (255 registers) elsewhere, INT4 included (its
+// dequantization spilled 232 bytes at 168 registers; 2 blocks measured
+// 15-25% faster).
+KVP_HOST_DEVICE constexpr int TcMinBlocksPerSm(DType t, int head_size, int column_tiles) {
+  return t != DType::kINT4 && head_size <= 128 && column_tiles == 1 ? 3 : 2;
 }
 
 // Shared memory of the tensor-core kernel, in 4-byte words.
@@ -230,7 +233,7 @@ __device__ __forceinline__ float StageTcRecords(const DecodeParams &p, const Par
 }
 
 template <DType T, int D, int kNT, int kBS>
-__global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
+__global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     TcPartitionKernel(const __grid_constant__ DecodeParams p,
                       const __grid_constant__ DecodeShape shape,
                       const __grid_constant__ DecodeWorkspace ws) {
@@ -247,8 +250,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
   constexpr bool kInt4 = T == DType::kINT4;
   constexpr int kRec = TcRecordWords(T);
   constexpr int kOutStride = D + 4;
-  // INT8/INT4 codes enter the mma with the magic number's bias (TcCodeBias):
-  // Q.K^T loses a per-row constant, P.V one extra mma per tile.
+  // INT8/INT4 K codes enter the mma with the magic number's bias
+  // (TcCodeBias): Q.K^T carries a per-row constant, removed in FP32.
   constexpr bool kBiased = TcCodeBias<T>::kBiased;
   constexpr float kHiScale = kBiased ? TcCodeBias<T>::kHiScale : 1.0f;
   static_assert(kLaneChunks * kChunkSteps == kKSteps, "four lanes per K row");
@@ -492,6 +495,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
         rfac[nt][e] = __shfl_sync(kFullMask, own_fac[nt], src);
         rsum[nt][e] = __shfl_sync(kFullMask, own_sum[nt], src);
         rbias[nt][e] = __shfl_sync(kFullMask, own_bias[nt], src);
+        // What the masks need: the row's last visible token, its first
+        // (sliding window), its ALiBi slope.
         const int row = r0 + 8 * nt + 2 * tig + e;
         const int gi = row / qlen;
         const int i = row - gi * qlen;
@@ -504,12 +509,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
     }
 
     float o[kMTiles][kNT][4];
-    float ob[kNT][4];  // the bias's share of every O^T row (kBiased)
     float mrun[kNT][2], lrun[kNT][2], pmrun[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) ob[nt][c] = 0.0f;
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
@@ -590,8 +592,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
         for (int hh = 0; hh < 2; ++hh) {
           const int tt = s0 + k_lane + StepToken<T>(j, 8 * hh);
           float ks = 1.0f, km = 0.0f;
-          // P^T's second half meets the `hi` codes: divided by their scale.
-          const float vf = hh == 1 ? vfac / kHiScale : vfac;
+          const float vf = vfac;
           vs[j][hh] = vf;
           vm[j][hh] = 0.0f;
           if constexpr (kRec == 4) {
@@ -651,9 +652,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
             const float alpha = mnew > mrun[nt][e] ? Exp2(mrun[nt][e] - mnew) : 1.0f;
             mrun[nt][e] = mnew;
             lrun[nt][e] *= alpha;
-            pmrun[nt][e] *= alpha;
-            ob[nt][e] *= alpha;
-            ob[nt][e + 2] *= alpha;
+            pmrun[nt][e] *= alpha;  // also where it stays 0: guarding it made ptxas spill 300 B
 #pragma unroll
             for (int i = 0; i < kMTiles; ++i) {
               o[i][nt][e] *= alpha;
@@ -697,18 +696,10 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
         }
       }
 
-      // ---- O^T += V^T P^T (biased codes: ob += bias * P^T, every row).
-      if constexpr (kBiased) {
-        constexpr uint32_t kB = TcCodeBias<T>::kBiasPair;
-        const uint32_t bias_a[4] = {kB, kB, kB, kB};
-#pragma unroll
-        for (int j = 0; j < F::kTiles; ++j) {
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            MmaM16N8K16<kBf16>(ob[nt], bias_a, pb[j][nt][0][0], pb[j][nt][1][0]);
-          }
-        }
-      }
+      // ---- O^T += V^T P^T. Exact codes here, not biased ones: the bias
+      // would ride on every product (1024 * sum(P') against outputs that
+      // can be 100x smaller than the codes' mean over long contexts) and
+      // cost the FP32 accumulator the precision the output needs.
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
         const uint2 v0 = vraw[i][0];
@@ -718,8 +709,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
 #pragma unroll
         for (int j = 0; j < F::kTiles; ++j) {
           uint32_t a[4];
-          CodePairs<T, kBiased>(w0, j, a[0], a[2]);
-          CodePairs<T, kBiased>(w1, j, a[1], a[3]);
+          CodePairs<T>(w0, j, a[0], a[2]);
+          CodePairs<T>(w1, j, a[1], a[3]);
           if constexpr (kMaskV && !kFast) {
             bool keep[4];
 #pragma unroll
@@ -777,7 +768,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(D, kNT))
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             wout[(warp * kPassRows + r) * kOutStride + 16 * i + grp + 8 * hh] =
-                o[i][nt][2 * hh + e] - ob[nt][2 * hh + e];
+                o[i][nt][2 * hh + e];
           }
         }
       }
