@@ -69,12 +69,21 @@ namespace kvpage {
 namespace kernels {
 namespace decode {
 
+// Words of a token's scale record in shared memory: {k scale, v scale}
+// (INT8/FP8), {k scale, k min, v scale, v min} (INT4), none (16-bit).
+KVP_HOST_DEVICE constexpr int TcRecordWords(DType t) {
+  return t == DType::kINT4 ? 4 : IsQuantized(t) ? 2 : 0;
+}
+
+// Tokens a warp takes per step: four lanes' V spans of 64 / bits tokens.
+KVP_HOST_DEVICE constexpr int TcStepTokens(DType t) { return 4 * (64 / DTypeBits(t)); }
+
 template <DType T>
 struct TcFormat {
   static constexpr int kBits = DTypeBits(T);
   static constexpr int kX = 128 / kBits;            // channels per 16-byte K chunk
   static constexpr int kSpan = 64 / kBits;          // tokens of a V channel row in 8 bytes
-  static constexpr int kStepTokens = 4 * kSpan;     // tokens a warp takes per step
+  static constexpr int kStepTokens = TcStepTokens(T);  // tokens a warp takes per step
   static constexpr int kTiles = kStepTokens / 16;   // 16-token mma k-steps per step
   static constexpr bool kBf16 = T == DType::kBF16;  // mma input type; FP16 otherwise
   static constexpr bool kSplit = !IsQuantized(T);   // 16-bit caches: hi + lo operands
@@ -82,15 +91,6 @@ struct TcFormat {
   // 8-aligned tokens (INT4: two of them, 8 apart), so none crosses a block.
   static constexpr int kKHalves = T == DType::kINT4 ? 2 : 1;
 };
-
-// Words of a token's scale record in shared memory: {k scale, v scale}
-// (INT8/FP8), {k scale, k min, v scale, v min} (INT4), none (16-bit).
-KVP_HOST_DEVICE constexpr int TcRecordWords(DType t) {
-  return t == DType::kINT4 ? 4 : IsQuantized(t) ? 2 : 0;
-}
-
-// Tokens a warp takes per step (TcFormat::kStepTokens for a run-time dtype).
-KVP_HOST_DEVICE constexpr int TcStepTokens(DType t) { return 4 * (64 / DTypeBits(t)); }
 
 // The head sizes with tensor-core kernels (the K dtypes are the
 // decode_tc_<dtype>.cu translation units).
@@ -592,15 +592,14 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         for (int hh = 0; hh < 2; ++hh) {
           const int tt = s0 + k_lane + StepToken<T>(j, 8 * hh);
           float ks = 1.0f, km = 0.0f;
-          const float vf = vfac;
-          vs[j][hh] = vf;
+          vs[j][hh] = vfac;
           vm[j][hh] = 0.0f;
           if constexpr (kRec == 4) {
             const float4 r = *reinterpret_cast<const float4 *>(rec + 4 * tt);
-            ks = r.x, km = r.y, vs[j][hh] = r.z * vf, vm[j][hh] = r.w;
+            ks = r.x, km = r.y, vs[j][hh] = r.z * vfac, vm[j][hh] = r.w;
           } else if constexpr (kRec == 2) {
             const float2 r = *reinterpret_cast<const float2 *>(rec + 2 * tt);
-            ks = r.x, vs[j][hh] = r.y * vf;
+            ks = r.x, vs[j][hh] = r.y * vfac;
           }
           const bool in = kFast || tt < st.n_valid;
           const int t = st.start + tt;

@@ -244,8 +244,6 @@ template <DType T>
 struct TcCodeBias {
   static constexpr bool kBiased = T == DType::kINT8 || T == DType::kINT4;
   static constexpr float kBias = T == DType::kINT4 ? 1024.0f : 1152.0f;
-  static constexpr uint32_t kBiasPair =
-      T == DType::kINT4 ? dequant_detail::kInt4BiasPair : dequant_detail::kInt8BiasPair;
   static constexpr float kHiScale = T == DType::kINT4 ? 16.0f : 1.0f;  // of the `hi` codes
 };
 
