@@ -40,19 +40,11 @@
 // partition from the largest V scale so that P' stays within FP16's normal
 // range); INT4's min term sum(p * vmin) is kept per row in FP32. The
 // softmax runs in log2 units (one FFMA + EX2 a probability).
-// Biased K codes. INT8/INT4 K codes enter the mma as the magic-number
-// halves without their subtraction (1152 + x; 1024 + n and 1024 + 16 n, the
-// latter meeting q divided by 16 in the B operand's second half): Q.K^T then
-// carries bias * sum(q) per row, removed in FP32 from the accumulator (a
-// logit error of ~1e-4 absolute at most). V codes stay exact: P.V's bias
-// would scale with the partition's sum of P' and swamp small outputs
-// (measured: 2e-2 relative error at 2048-token partitions).
-// Precision. Codes are exact in FP16 (BF16 for a BF16 cache). q * lambda is
-// scaled by a per-row power of two into [2^14, 2^15) and rounded to the mma
-// type (exact for FP16/BF16 queries without key smoothing); 16-bit caches
-// add a second mma on the rounding remainder of q and of P (hi + lo), so
-// their result is as precise as the FP32 kernel's; quantized caches round q
-// and P once (2^-11 relative, far below the quantization error).
+// Codes exact. Feeding INT8/INT4 codes to the mma with the magic number's
+// bias still on (skipping one FP16 op a pair; the bias removed from the
+// products) was measured 2% faster and lost the FP32 accumulator's
+// precision: P.V by 2e-2 over long partitions, Q.K^T by 0.02 in a logit
+// (docs/PERF_NOTES.md).
 #ifndef KVPAGE_KERNELS_TC_DECODE_CUH_
 #define KVPAGE_KERNELS_TC_DECODE_CUH_
 
@@ -250,10 +242,6 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   constexpr bool kInt4 = T == DType::kINT4;
   constexpr int kRec = TcRecordWords(T);
   constexpr int kOutStride = D + 4;
-  // INT8/INT4 K codes enter the mma with the magic number's bias
-  // (TcCodeBias): Q.K^T carries a per-row constant, removed in FP32.
-  constexpr bool kBiased = TcCodeBias<T>::kBiased;
-  constexpr float kHiScale = kBiased ? TcCodeBias<T>::kHiScale : 1.0f;
   static_assert(kLaneChunks * kChunkSteps == kKSteps, "four lanes per K row");
   static_assert(D % 8 == 0 && F::kX % 8 == 0, "q is loaded eight channels at a time");
   constexpr bool kMaskV = T != DType::kINT8 && T != DType::kINT4;  // codes that can be NaN
@@ -400,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     // ---- Q^T operands: lane (grp, tig) holds row r0 + 8 nt + grp at the
     // channels of its K chunks, times lambda, times 2^qe (per row).
     uint32_t qb[kNT][kKSteps][2][kParts];
-    float own_fac[kNT], own_sum[kNT], own_bias[kNT];
+    float own_fac[kNT], own_sum[kNT];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       const int row = r0 + 8 * nt + grp;
@@ -451,21 +439,17 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         qe = min(max(15 - qe, -100), 100);
       }
       const float up = ldexpf(1.0f, qe);
-      // qsum: sum(q) as rounded (INT4's min term); qused: the sum of the
-      // operand values, the `hi` half divided by the codes' hi scale (bias).
-      float qsum = 0.0f, qused = 0.0f;
+      float qsum = 0.0f;  // sum(q) as rounded (INT4's min term)
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float f = h == 1 ? up / kHiScale : up;  // a power of two
-          const float a = x[ks][2 * h] * f;
-          const float b = x[ks][2 * h + 1] * f;
+          const float a = x[ks][2 * h] * up;
+          const float b = x[ks][2 * h + 1] * up;
           const uint32_t hi = PackPair<kBf16>(a, b);
           const float2 hv = UnpackPair<kBf16>(hi);
           qb[nt][ks][h][0] = hi;
-          qused += hv.x + hv.y;
-          qsum += (hv.x + hv.y) * (h == 1 ? kHiScale : 1.0f);
+          qsum += hv.x + hv.y;
           if constexpr (kParts == 2) {
             const uint32_t lo = PackPair<kBf16>(a - hv.x, b - hv.y);
             const float2 lv = UnpackPair<kBf16>(lo);
@@ -476,16 +460,13 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       }
       qsum += __shfl_xor_sync(kFullMask, qsum, 1);
       qsum += __shfl_xor_sync(kFullMask, qsum, 2);
-      qused += __shfl_xor_sync(kFullMask, qused, 1);
-      qused += __shfl_xor_sync(kFullMask, qused, 2);
       own_fac[nt] = q_scale / up * kLog2e;
       own_sum[nt] = qsum;
-      own_bias[nt] = kBiased ? TcCodeBias<T>::kBias * qused : 0.0f;
     }
 
     // ---- The rows of this lane's accumulators: 8 nt + 2 tig + e. Logits
     // y are in log2 units: y = rfac * (kscale * s + kmin * sum(q)).
-    float rfac[kNT][2], rsum[kNT][2], rbias[kNT][2], rslope[kNT][2];
+    float rfac[kNT][2], rsum[kNT][2], rslope[kNT][2];
     int rpos[kNT][2], rlo[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
@@ -494,7 +475,6 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         const int src = 4 * (2 * tig + e);  // the lane that loaded that row's q
         rfac[nt][e] = __shfl_sync(kFullMask, own_fac[nt], src);
         rsum[nt][e] = __shfl_sync(kFullMask, own_sum[nt], src);
-        rbias[nt][e] = __shfl_sync(kFullMask, own_bias[nt], src);
         // What the masks need: the row's last visible token, its first
         // (sliding window), its ALiBi slope.
         const int row = r0 + 8 * nt + 2 * tig + e;
@@ -556,8 +536,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 #pragma unroll
           for (int k = 0; k < kChunkSteps; ++k) {
             uint32_t a[4];
-            CodePairs<T, kBiased>(w0, k, a[0], a[2]);
-            CodePairs<T, kBiased>(w1, k, a[1], a[3]);
+            CodePairs<T>(w0, k, a[0], a[2]);
+            CodePairs<T>(w1, k, a[1], a[3]);
             const int ks = c * kChunkSteps + k;
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
@@ -607,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
           for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float sx = kBiased ? s[j][nt][2 * hh + e] - rbias[nt][e] : s[j][nt][2 * hh + e];
+              const float sx = s[j][nt][2 * hh + e];
               float y = kInt4 ? fmaf(ks, sx, km * rsum[nt][e]) : ks * sx;
               y *= rfac[nt][e];
               if constexpr (!kFast) {

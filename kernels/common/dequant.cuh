@@ -53,21 +53,13 @@ __device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
 // exactly; a PRMT builds two such halves at once and one HSUB2 removes the
 // 1024 and the +128 bias that made the signed byte unsigned (x ^ 0x80 =
 // x + 128 for two's complement bytes).
-// The pairs before the subtraction: 1152 + x (Int8x4ToBiasedHalf2x2).
-constexpr uint32_t kInt8BiasPair = 0x64806480u;  // (1152, 1152) = 1024 + 128
-
-__device__ __forceinline__ void Int8x4ToBiasedHalf2x2(uint32_t w, uint32_t& e01, uint32_t& e23) {
+__device__ __forceinline__ void Int8x4ToHalf2x2(uint32_t w, __half2& e01, __half2& e23) {
   const uint32_t u = w ^ 0x80808080u;
   // Selector nibbles pick bytes of {u (0..3), 0x64646464 (4..7)}:
   // 0x5140 -> [u0, 0x64, u1, 0x64], 0x7362 -> [u2, 0x64, u3, 0x64].
-  e01 = __byte_perm(u, 0x64646464u, 0x5140);
-  e23 = __byte_perm(u, 0x64646464u, 0x7362);
-}
-
-__device__ __forceinline__ void Int8x4ToHalf2x2(uint32_t w, __half2& e01, __half2& e23) {
-  uint32_t h01, h23;
-  Int8x4ToBiasedHalf2x2(w, h01, h23);
-  const __half2 kBias = AsHalf2(kInt8BiasPair);
+  const uint32_t h01 = __byte_perm(u, 0x64646464u, 0x5140);
+  const uint32_t h23 = __byte_perm(u, 0x64646464u, 0x7362);
+  const __half2 kBias = AsHalf2(0x64806480u);  // 1152 = 1024 + 128
   e01 = __hsub2(AsHalf2(h01), kBias);
   e23 = __hsub2(AsHalf2(h23), kBias);
 }
@@ -96,30 +88,16 @@ __device__ __forceinline__ void Int8x4ToFloat(uint32_t w, float* f) {
 // n2/n6 and n3/n7. HSUB2 removes 1024, HFMA2 (x / 16 - 64) the scaled ones;
 // both exact. Consumers take the interleaved order as it comes (register
 // naming, or a channel/token order chosen to match), which is free.
-// The pairs before the subtraction (Int4x8ToBiasedHalf2x4): (1024 + n0,
-// 1024 + n4), (1024 + 16 n1, 1024 + 16 n5), (1024 + n2, ...), (1024 + 16
-// n3, ...): four LOP3 and one shift for eight codes.
-constexpr uint32_t kInt4BiasPair = 0x64006400u;  // (1024, 1024)
-
-__device__ __forceinline__ void Int4x8ToBiasedHalf2x4(uint32_t w, uint32_t (&e)[4]) {
-  constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u;
-  const uint32_t w8 = w >> 8;
-  e[0] = AndOr(w, kLo, kInt4BiasPair);
-  e[1] = AndOr(w, kHi, kInt4BiasPair);
-  e[2] = AndOr(w8, kLo, kInt4BiasPair);
-  e[3] = AndOr(w8, kHi, kInt4BiasPair);
-}
-
 __device__ __forceinline__ void Int4x8ToHalf2x4(uint32_t w, __half2 (&e)[4]) {
-  const __half2 k1024 = AsHalf2(kInt4BiasPair);
+  constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u, kMagic = 0x64006400u;
+  const __half2 k1024 = AsHalf2(0x64006400u);
   const __half2 kSixteenth = AsHalf2(0x2C002C00u);  // 1/16
   const __half2 kMinus64 = AsHalf2(0xD400D400u);    // -64
-  uint32_t b[4];
-  Int4x8ToBiasedHalf2x4(w, b);
-  e[0] = __hsub2(AsHalf2(b[0]), k1024);
-  e[1] = __hfma2(AsHalf2(b[1]), kSixteenth, kMinus64);
-  e[2] = __hsub2(AsHalf2(b[2]), k1024);
-  e[3] = __hfma2(AsHalf2(b[3]), kSixteenth, kMinus64);
+  const uint32_t w8 = w >> 8;
+  e[0] = __hsub2(AsHalf2(AndOr(w, kLo, kMagic)), k1024);
+  e[1] = __hfma2(AsHalf2(AndOr(w, kHi, kMagic)), kSixteenth, kMinus64);
+  e[2] = __hsub2(AsHalf2(AndOr(w8, kLo, kMagic)), k1024);
+  e[3] = __hfma2(AsHalf2(AndOr(w8, kHi, kMagic)), kSixteenth, kMinus64);
 }
 
 __device__ __forceinline__ void Int4x8ToFloat(uint32_t w, float* f) {
@@ -235,31 +213,11 @@ KVP_HOST_DEVICE constexpr int PairElement(int step, int slot) {
   }
 }
 
-//
-// kBiased (INT8, INT4): the pairs before the magic number's subtraction
-// (TcCodeBias): INT8 1152 + x; INT4 1024 + n in `lo` and 1024 + 16 n in
-// `hi`. A consumer that removes the bias from its products saves one FP16
-// operation per pair.
 template <DType T>
-struct TcCodeBias {
-  static constexpr bool kBiased = T == DType::kINT8 || T == DType::kINT4;
-  static constexpr float kBias = T == DType::kINT4 ? 1024.0f : 1152.0f;
-  static constexpr float kHiScale = T == DType::kINT4 ? 16.0f : 1.0f;  // of the `hi` codes
-};
-
-template <DType T, bool kBiased = false>
 __device__ __forceinline__ void CodePairs(const uint32_t* w, int step, uint32_t& lo, uint32_t& hi) {
-  static_assert(!kBiased || TcCodeBias<T>::kBiased, "only INT8 and INT4 have biased pairs");
   if constexpr (T == DType::kBF16 || T == DType::kFP16) {
     lo = w[2 * step];  // already pairs of the mma's input type
     hi = w[2 * step + 1];
-  } else if constexpr (kBiased && T == DType::kINT8) {
-    dequant_detail::Int8x4ToBiasedHalf2x2(w[step], lo, hi);
-  } else if constexpr (kBiased) {
-    uint32_t e[4];
-    dequant_detail::Int4x8ToBiasedHalf2x4(w[step >> 1], e);
-    lo = e[2 * (step & 1)];
-    hi = e[2 * (step & 1) + 1];
   } else {
     __half2 a, b;
     if constexpr (T == DType::kINT8) {

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -423,7 +424,14 @@ void RunCase(const Case &c) {
 
 bool HaveGpu() { return CudaDeviceCount() > 0; }
 
-uint32_t FreshSeed() { return std::random_device{}(); }
+// A fresh seed per run; KVPAGE_TEST_SEED=N replays the run that printed
+// "seed=N".
+uint32_t FreshSeed() {
+  if (const char *s = std::getenv("KVPAGE_TEST_SEED")) {
+    return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
+  }
+  return std::random_device{}();
+}
 
 // Lengths around the interesting boundaries of (block size, partition
 // size, query length), plus random ones.
