@@ -2,38 +2,41 @@
 // them into the paged layout (src/geometry.h), byte-identical to the CPU
 // backend's write (src/cpu_backend.cc, CpuBackend::Write).
 //
-// One warp per (token, KV head). V is stored [channel][token] within a
-// block, so for each channel W = 32 / v_bits consecutive slots share one
-// aligned 32-bit word. When the W tokens whose slots fill such a word come
-// one after another in this call (a prefill's slot mapping does that), the
-// warp of the run's first token handles the whole run — K and V of all W
-// tokens — and the other W - 1 warps return at once:
-//   - all 2W input rows are loaded before the first is quantized, so a warp
-//     has up to 16 loads in flight (the kernel is bound by memory-level
-//     parallelism, and the exact IEEE divisions of the quantizer,
-//     kernels/common/quantize.cuh, are too slow to hide one load each);
-//   - V words are assembled in registers and written once, no atomics;
-//   - the K rows are staged in shared memory and stored as 16-byte chunks,
-//     adjacent lanes taking adjacent tokens of one chunk row (W x 16
-//     contiguous bytes).
-// A token outside such a run is handled alone; INT4 V packs tokens 2i and
-// 2i+1 into one byte, and both may be written by different warps of the
-// same launch: each nibble is then set with atomics on its aligned 32-bit
-// word (clear own bits, set own bits; the bits are disjoint, so the result
-// does not depend on the interleaving). A word is never written both ways:
-// a run owns all of its slots (slots within one call are distinct).
-// Each vector is spread over the warp: lane l holds groups of 4 consecutive
-// channels l, l + 32, ... (kPerLane = 4 for head sizes up to 128, 8 up to
-// 256). Dtypes other than the input's and the V word width are run-time
-// values; every branch on them is warp-uniform.
+// One thread block per tile of 32 consecutive tokens of the call and one KV
+// head; one group of kLanes lanes (8 for head sizes up to 128, 16 up to 256)
+// per token, each lane holding 16 channels. The write is bound by memory
+// and by the quantizer's instructions (exact IEEE divisions), so the tile is
+// laid out for both:
+//   1. every lane loads its slice of the token's K and V rows at once
+//      (16-byte streaming loads), before anything waits: a block has 32
+//      tokens' rows in flight;
+//   2. the tile's 64 rows are quantized in parallel, each by its own lane
+//      group (reductions over kLanes lanes, no serial loop over tokens),
+//      into shared memory laid out like the cache: K rows as bytes in chunk
+//      order, V as [channel][token] codes, scales per token;
+//   3. the tile is stored with adjacent threads on adjacent bytes of the
+//      cache: K as 16-byte chunks (adjacent tokens of one chunk row), scales
+//      per token, and V as 32-bit words — one word per channel for each run
+//      of W = 32 / v_bits tokens whose slots fill an aligned word in order
+//      (a prefill's slot mapping does that), no atomics.
+// A token outside such a run (a decode step's scattered slots, a run cut by
+// the tile's edge) has its V stored element by element; an INT4 nibble then
+// shares its byte with a token another block may be writing, so each
+// nibble is set with atomics on its aligned 32-bit word (clear own bits,
+// set own bits; the bits are disjoint, so the result does not depend on the
+// interleaving). A word is never written both ways: a run owns all of its
+// slots (slots within one call are distinct).
+// Dtypes other than the input's are run-time values; every branch on them
+// is warp-uniform.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/common/checked.cuh"
 #include "kernels/common/quantize.cuh"
-#include "kernels/common/vec.cuh"
 #include "kernels/launch.h"
 #include "src/geometry.h"
 #include "src/params.h"
@@ -42,11 +45,10 @@ namespace kvpage {
 namespace kernels {
 namespace {
 
-
 struct WriteArgs {
   WriteParams p;
-  bool key_vec;    // key rows allow 4-element vector loads
-  bool value_vec;  // value rows allow 4-element vector loads
+  bool key_vec;    // key rows allow 16-byte vector loads
+  bool value_vec;  // value rows allow 16-byte vector loads
 };
 
 // Input element types: raw storage and the exact conversion to FP32.
@@ -67,130 +69,194 @@ struct Input<HalfTag> {
 template <>
 struct Input<Bf16Tag> {
   using Raw = uint16_t;
-  __device__ static float ToFloat(Raw r) {
-    return __uint_as_float(static_cast<uint32_t>(r) << 16);
-  }
+  __device__ static float ToFloat(Raw r) { return __uint_as_float(static_cast<uint32_t>(r) << 16); }
 };
 
-// Lane layout of a vector: elements come in groups of kVec = 4 consecutive
-// channels (one 16- or 8-byte load); lane l holds groups l, l + 32, ... so
-// that a warp's loads are contiguous and, for head_size 128, every lane has
-// work. Register i is channel ((lane + 32 * (i / kVec)) * kVec + i % kVec).
-// head_size is a multiple of 16, so a group is either wholly valid or not.
-template <typename Tag, int kPerLane>
-struct LaneLayout {
+// Tokens per tile: one lane group each; also the width of the run masks.
+constexpr int kTileTokens = 32;
+// Blocks per SM the register budget is sized for (64 registers a thread):
+// the quantizer is issue- and latency-bound, so more resident tiles beat a
+// few spilled registers.
+template <int kThreads>
+constexpr int MinBlocksPerSm() {
+  return 65536 / 64 / kThreads;
+}
+
+// Lane layout of one row (a token-head vector): channels come in groups of
+// kVec = 16 bytes of input; lane l of the row's group holds groups l,
+// l + kLanes, ... so that the group's loads are contiguous. Register i is
+// channel ((l + kLanes * (i / kVec)) * kVec + i % kVec). head_size is a
+// multiple of 16, so a group is either wholly valid or not.
+template <typename Tag, int kLanes>
+struct RowLayout {
   using Raw = typename Input<Tag>::Raw;
-  static constexpr int kVec = 4;
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(Raw));
+  static constexpr int kPerLane = 16;
   static constexpr int kGroups = kPerLane / kVec;
-  // One group's load: 16 bytes (FP32) or 8 bytes (FP16/BF16).
-  using Chunk = std::conditional_t<sizeof(Raw) == 4, uint4, uint2>;
-  // The largest K row of a token-head, in 16-byte chunks (16-bit codes).
-  static constexpr int kMaxKChunks = 32 * kPerLane * 2 / 16;
+  static constexpr int kMaxHeadSize = kLanes * kPerLane;
+  static constexpr int kThreads = kTileTokens * kLanes;
+  // Bytes of the widest K row (16-bit codes), plus 16 so that adjacent
+  // tokens' rows start on different banks.
+  static constexpr int kKRowPitch = kMaxHeadSize * 2 + 16;
   __device__ static int Channel(int lane, int i) {
-    return (lane + 32 * (i / kVec)) * kVec + i % kVec;
+    return (lane + kLanes * (i / kVec)) * kVec + i % kVec;
   }
   // Which of the lane's registers hold channels < head_size.
   __device__ static uint32_t ValidMask(int lane, int head_size) {
     uint32_t valid = 0;
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) {
-      if ((lane + 32 * j) * kVec < head_size) valid |= ((1u << kVec) - 1u) << (j * kVec);
+      if ((lane + kLanes * j) * kVec < head_size) valid |= ((1u << kVec) - 1u) << (j * kVec);
     }
     return valid;
   }
 };
 
 // The lane's raw input elements of one row, as loaded.
-template <typename Tag, int kPerLane>
+template <typename Tag, int kLanes>
 struct RawRow {
-  typename LaneLayout<Tag, kPerLane>::Chunk group[LaneLayout<Tag, kPerLane>::kGroups];
+  uint4 group[RowLayout<Tag, kLanes>::kGroups];
 };
 
-// Starts copying this lane's elements of row `src` (head_size channels) to
-// its slot of a shared-memory stage: asynchronously where the row allows
-// vector loads (`vec`), else element by element. Lanes past head_size
-// store zeros (never read as valid).
-template <typename Tag, int kPerLane>
-__device__ __forceinline__ void StageRow(const void* src, int head_size, bool vec, int lane,
-                                         RawRow<Tag, kPerLane>* slot) {
-  using L = LaneLayout<Tag, kPerLane>;
+// Loads this lane's elements of row `src` (head_size channels): 16-byte
+// streaming loads where the row allows them (`vec`), else element by
+// element. Groups past head_size hold zeros (never used).
+template <typename Tag, int kLanes>
+__device__ __forceinline__ void LoadRow(const void* src, int head_size, bool vec, int lane,
+                                        RawRow<Tag, kLanes>* out) {
+  using L = RowLayout<Tag, kLanes>;
   using Raw = typename L::Raw;
-  using Chunk = typename L::Chunk;
   const Raw* row = static_cast<const Raw*>(src);
 #pragma unroll
   for (int j = 0; j < L::kGroups; ++j) {
-    const int d0 = (lane + 32 * j) * L::kVec;
-    if (d0 < head_size && vec) {
-      CpAsync<sizeof(Chunk)>(&slot->group[j], row + d0);
+    const int d0 = (lane + kLanes * j) * L::kVec;
+    out->group[j] = make_uint4(0, 0, 0, 0);
+    if (d0 >= head_size) continue;
+    if (vec) {
+      out->group[j] = __ldcs(reinterpret_cast<const uint4*>(row + d0));
       continue;
     }
-    Raw raw[L::kVec] = {};
-    if (d0 < head_size) {
+    Raw raw[L::kVec];
 #pragma unroll
-      for (int e = 0; e < L::kVec; ++e) raw[e] = row[d0 + e];
-    }
-    static_assert(sizeof(raw) == sizeof(Chunk), "one chunk per group");
-    memcpy(&slot->group[j], raw, sizeof(Chunk));
+    for (int e = 0; e < L::kVec; ++e) raw[e] = row[d0 + e];
+    static_assert(sizeof(raw) == sizeof(uint4), "one 16-byte group");
+    memcpy(&out->group[j], raw, sizeof(raw));
   }
 }
 
-// Steps 1-4 of the quantizer for one loaded row: this lane's codes, and the
-// vector's scale entry on every lane.
-template <typename Tag, int kPerLane>
-__device__ __forceinline__ void QuantizeRow(const RawRow<Tag, kPerLane>& row, uint32_t valid,
-                                            const float* lambda, DType dtype, int lane,
-                                            uint16_t (&codes)[kPerLane], uint16_t* scale,
-                                            uint16_t* min, LaneStats* stats) {
-  using L = LaneLayout<Tag, kPerLane>;
+// This lane's elements of one loaded row as FP32 (exact conversions).
+template <typename Tag, int kLanes>
+__device__ __forceinline__ void RowToFloat(const RawRow<Tag, kLanes>& row,
+                                           float (&x)[RowLayout<Tag, kLanes>::kPerLane]) {
+  using L = RowLayout<Tag, kLanes>;
   using Raw = typename L::Raw;
-  float x[kPerLane];
-  uint32_t overflow = 0;
 #pragma unroll
   for (int j = 0; j < L::kGroups; ++j) {
     Raw raw[L::kVec];
     memcpy(raw, &row.group[j], sizeof(raw));
 #pragma unroll
-    for (int e = 0; e < L::kVec; ++e) {
-      const int i = j * L::kVec + e;
-      x[i] = Input<Tag>::ToFloat(raw[e]);
-      if (!(valid & (1u << i))) continue;
-      const float l = lambda != nullptr ? __ldg(lambda + L::Channel(lane, i)) : 1.0f;
-      bool o;
-      x[i] = PrepareValue(x[i], l, lambda != nullptr, &o, stats);
-      overflow |= static_cast<uint32_t>(o) << i;
-    }
+    for (int e = 0; e < L::kVec; ++e) x[j * L::kVec + e] = Input<Tag>::ToFloat(raw[e]);
   }
-  QuantizeWarpVector(dtype, x, overflow, valid, codes, scale, min, stats);
+}
+
+// Step 1 in place for this lane's elements: non-finite values to zero
+// (counted), divided by the smoothing vector when kSmooth; invalid
+// elements become NaN (never counted; the quantizer's min/max reductions
+// skip them). Returns the smoothing-overflow bits.
+template <bool kSmooth, int kLanes, int N, typename Layout>
+__device__ __forceinline__ uint32_t PrepareRow(uint32_t valid, const float* lambda, int lane,
+                                               float (&x)[N], LaneStats* stats) {
+  uint32_t overflow = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const bool ok = (valid >> i) & 1u;
+    const float l = kSmooth && ok ? __ldg(lambda + Layout::Channel(lane, i)) : 1.0f;
+    bool o;
+    x[i] = PrepareValue(ok ? x[i] : 0.0f, l, kSmooth && ok, &o, stats);
+    if (!ok) x[i] = __int_as_float(0x7FC00000);
+    overflow |= static_cast<uint32_t>(o) << i;
+  }
+  return overflow;
+}
+
+// Steps 1-4 of the quantizer for one loaded row: this lane's codes, and the
+// vector's scale entry on every lane of the group.
+template <typename Tag, int kLanes>
+__device__ __forceinline__ void QuantizeRow(const RawRow<Tag, kLanes>& row, uint32_t valid,
+                                            const float* lambda, DType dtype, int lane,
+                                            uint32_t (&codes)[RowLayout<Tag, kLanes>::kPerLane],
+                                            uint16_t* scale, uint16_t* min, LaneStats* stats) {
+  using L = RowLayout<Tag, kLanes>;
+  float x[L::kPerLane];
+  RowToFloat(row, x);
+  bool prepared = false;
+  if (lambda == nullptr && valid == (1u << L::kPerLane) - 1u) {
+    // Every element valid and, if finite (one FMA each: x * 0 is NaN
+    // exactly for non-finite x), step 1 leaves it as it is.
+    float any_non_finite = 0.0f;
+#pragma unroll
+    for (int i = 0; i < L::kPerLane; ++i) any_non_finite = __fmaf_rn(x[i], 0.0f, any_non_finite);
+    prepared = !isnan(any_non_finite);
+  }
+  uint32_t overflow = 0;
+  if (!prepared) {
+    overflow = lambda != nullptr
+                   ? PrepareRow<true, kLanes, L::kPerLane, L>(valid, lambda, lane, x, stats)
+                   : PrepareRow<false, kLanes, L::kPerLane, L>(valid, lambda, lane, x, stats);
+  }
+  QuantizeLaneGroupVector<kLanes>(dtype, x, overflow, valid, codes, scale, min, stats);
 }
 
 // A token's K codes into its row of the stage, as the token's bytes in
-// chunk order; INT4 tails past head_size (head sizes 80, 112) are zero, as
-// on the CPU.
-template <typename Tag, int kPerLane>
+// chunk order (channel d at byte d * bits / 8; INT4 low nibble first); the
+// INT4 tail past head_size (head sizes 80, 112) is zero, as on the CPU.
+template <typename Tag, int kLanes>
 __device__ __forceinline__ void StageKRow(const CacheGeometry& g, int lane, uint32_t valid,
-                                          const uint16_t (&codes)[kPerLane], uint8_t* stage) {
-  using L = LaneLayout<Tag, kPerLane>;
+                                          const uint32_t (&codes)[RowLayout<Tag, kLanes>::kPerLane],
+                                          uint8_t* row) {
+  using L = RowLayout<Tag, kLanes>;
   const int bits = g.k_bits();
 #pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    if (!(valid & (1u << i))) continue;
-    const int d = L::Channel(lane, i);
+  for (int j = 0; j < L::kGroups; ++j) {
+    if (!(valid & (1u << (j * L::kVec)))) continue;
+    const uint32_t* c = codes + j * L::kVec;
+    uint32_t w[4] = {0, 0, 0, 0};
+    int bytes;
     if (bits == 16) {
-      reinterpret_cast<uint16_t*>(stage)[d] = codes[i];
+#pragma unroll
+      for (int e = 0; e < L::kVec; ++e) w[e / 2] |= static_cast<uint32_t>(c[e]) << (16 * (e % 2));
+      bytes = L::kVec * 2;
     } else if (bits == 8) {
-      stage[d] = static_cast<uint8_t>(codes[i]);
-    } else if (i % 2 == 0) {
-      // INT4: channels 2k (low nibble) and 2k+1 (high) are consecutive
-      // registers of this lane (kVec is even).
-      stage[d / 2] = static_cast<uint8_t>((codes[i] & 0xF) | ((codes[i + 1] & 0xF) << 4));
+#pragma unroll
+      for (int e = 0; e < L::kVec; ++e) {
+        w[e / 4] |= static_cast<uint32_t>(c[e] & 0xFF) << (8 * (e % 4));
+      }
+      bytes = L::kVec;
+    } else {
+#pragma unroll
+      for (int e = 0; e < L::kVec; ++e) {
+        w[e / 8] |= static_cast<uint32_t>(c[e] & 0xF) << (4 * (e % 8));
+      }
+      bytes = L::kVec / 2;
+    }
+    // The group's bytes are aligned to their size (16, 8, 4 or 2).
+    uint8_t* dst = row + (lane + kLanes * j) * bytes;
+    if (bytes == 16) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if (bytes == 8) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    } else if (bytes == 4) {
+      *reinterpret_cast<uint32_t*>(dst) = w[0];
+    } else {
+      *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w[0]);
     }
   }
   const int data_bytes = g.head_size * bits / 8;
-  for (int b = data_bytes + lane; b < g.k_chunks() * 16; b += 32) stage[b] = 0;
+  for (int b = data_bytes + lane; b < g.k_chunks() * 16; b += kLanes) row[b] = 0;
 }
 
 // One INT4 nibble at `byte` (bit `shift`), without disturbing the other
-// nibble, which another warp may be writing at the same time.
+// nibble, which another block may be writing at the same time.
 __device__ __forceinline__ void StoreNibble(uint8_t* byte, int shift, uint16_t code) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(byte);
   unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
@@ -201,202 +267,223 @@ __device__ __forceinline__ void StoreNibble(uint8_t* byte, int shift, uint16_t c
   if (set != 0) atomicOr(word, set);
 }
 
-// V of one token-head written alone: element d of token `off` at
-// v_head + d * stride.
-template <typename Tag, int kPerLane>
-__device__ __forceinline__ void StoreVToken(const CacheGeometry& g, uint8_t* v_head, int off,
-                                            int lane, uint32_t valid,
-                                            const uint16_t (&codes)[kPerLane]) {
-  using L = LaneLayout<Tag, kPerLane>;
-  const int bits = g.v_bits();
-  const int64_t stride = g.v_channel_stride();
-  uint8_t* base = v_head + int64_t{off} * bits / 8;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    if (!(valid & (1u << i))) continue;
-    uint8_t* p = base + L::Channel(lane, i) * stride;
-    if (bits == 16) {
-      *reinterpret_cast<uint16_t*>(p) = codes[i];  // little-endian, as the CPU
-    } else if (bits == 8) {
-      *p = static_cast<uint8_t>(codes[i]);
-    } else {
-      StoreNibble(p, g.v_shift(off), codes[i]);
+// The V stage (per channel, the tile's codes in token order): one byte
+// per code (two for 16-bit codes), rows padded by 8 bytes so that the
+// store phase's 8-byte reads of adjacent channels fall on different banks.
+template <int kVBits>
+struct VStage {
+  using Code = std::conditional_t<kVBits == 16, uint16_t, uint8_t>;
+  static constexpr int kPitch = kTileTokens + 8 / static_cast<int>(sizeof(Code));
+  static constexpr int kWordTokens = 32 / kVBits;  // W: tokens per V word
+  // The V word of tokens j .. j + W - 1 of one channel row (token j in the
+  // lowest bits, as the CPU packs them); `aligned`: j is a multiple of W.
+  __device__ static uint32_t Word(const Code* row, int j, bool aligned) {
+    if (aligned && kVBits != 4) return *reinterpret_cast<const uint32_t*>(row + j);
+    if (aligned) {
+      // Eight 4-bit codes, one per byte: fold each byte pair into one byte
+      // (x | x >> 4 puts codes 2i, 2i+1 in byte 2i), then gather bytes
+      // 0 and 2 of both halves.
+      const uint2 u = *reinterpret_cast<const uint2*>(row + j);
+      return __byte_perm(u.x | (u.x >> 4), u.y | (u.y >> 4), 0x6420);
     }
+    uint32_t word = 0;
+#pragma unroll
+    for (int e = 0; e < kWordTokens; ++e) word |= static_cast<uint32_t>(row[j + e]) << (e * kVBits);
+    return word;
   }
-}
+};
 
-// FP16 scale entry: {scale} or, for INT4, {scale, min} (4 bytes).
-__device__ __forceinline__ void StoreScale(uint8_t* entry, int entry_bytes, uint16_t scale,
-                                           uint16_t min) {
+// A scale entry: FP16 scale (2 bytes) or, for INT4, {scale, min} (4 bytes);
+// `entry` holds scale | min << 16.
+__device__ __forceinline__ void StoreScale(uint8_t* dst, int entry_bytes, uint32_t entry) {
   if (entry_bytes == 4) {
-    *reinterpret_cast<uint32_t*>(entry) =
-        static_cast<uint32_t>(scale) | (static_cast<uint32_t>(min) << 16);
+    *reinterpret_cast<uint32_t*>(dst) = entry;
   } else if (entry_bytes == 2) {
-    *reinterpret_cast<uint16_t*>(entry) = scale;
+    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(entry);
   }
 }
 
-// How many tokens starting at `t` this warp handles: W when t starts a run
-// (tokens t .. t + W - 1 write the slots of one aligned V word in order),
-// 0 when t is inside a run (its first token's warp handles it), else 1.
-template <int W>
-__device__ __forceinline__ int RunLength(const CacheGeometry& g, const int64_t* slot_mapping,
-                                         int32_t num_tokens, int32_t t, int64_t slot, int lane) {
-  if (W == 1 || g.block_size % W != 0) return 1;
-  const int j = static_cast<int>(slot % W);
-  const int32_t t0 = t - j;
-  if (t0 < 0 || t0 + W > num_tokens) return 1;  // warp-uniform
-  const bool ok = lane >= W || __ldg(slot_mapping + t0 + lane) == slot - j + lane;
-  if (!__all_sync(kFullWarp, ok)) return 1;
-  return j == 0 ? W : 0;
+// The slot token t writes, or -1 where it writes nothing: past the call's
+// tokens, padding (-1), or out of range (reported in checked mode once,
+// by `report`'s caller).
+__device__ __forceinline__ int64_t TokenSlot(const WriteParams& p, int64_t t, int64_t num_slots,
+                                             bool report) {
+  const int64_t slot = t < p.num_tokens ? __ldg(p.slot_mapping + t) : -1;
+  if (slot >= 0 && slot < num_slots) return slot;
+  if (report && slot != -1) {
+    ReportFault(p.checked, DeviceFault::kSlotOutOfRange, t, slot, num_slots);
+  }
+  return -1;
 }
 
-// Warps per block: 4, or 2 where the stage of 4 would pass 48 KiB (FP32
-// input, head size 256).
-template <typename Tag, int kPerLane, int W>
-constexpr int WarpsPerBlock() {
-  using L = LaneLayout<Tag, kPerLane>;
-  constexpr int per_warp = 2 * W * 32 * static_cast<int>(sizeof(RawRow<Tag, kPerLane>)) +
-                           W * L::kMaxKChunks * 16;
-  return 4 * per_warp <= 48 * 1024 ? 4 : 2;
-}
-
-template <typename Tag, int kPerLane, int W>
-__global__ void __launch_bounds__(WarpsPerBlock<Tag, kPerLane, W>() * 32)
+// kVBits: the V dtype's bits (16, 8, 4); run-time values elsewhere.
+template <typename Tag, int kLanes, int kVBits>
+__global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
+                                  MinBlocksPerSm<RowLayout<Tag, kLanes>::kThreads>())
     CacheWriteKernel(const WriteArgs args) {
-  using L = LaneLayout<Tag, kPerLane>;
-  using Row = RawRow<Tag, kPerLane>;
+  using L = RowLayout<Tag, kLanes>;
   using Raw = typename L::Raw;
-  constexpr int kWarps = WarpsPerBlock<Tag, kPerLane, W>();
-  // Per warp: the input rows of an item (K rows 0..W-1, V rows W..2W-1, as
-  // each lane's elements), and the K codes of its tokens in byte order.
-  __shared__ Row raw_stage[kWarps][2 * W][32];
-  __shared__ uint4 k_stage[kWarps][W][L::kMaxKChunks];
+  constexpr int W = 32 / kVBits;  // tokens per V word
   const WriteParams& p = args.p;
   const CacheGeometry& g = p.geo;
+  // Per token of the tile: where its K row, V row and scale entries start
+  // (byte offsets in the K data, the V data and entry indices; -1: the
+  // token writes nothing) and its slot's offset in the block; the V word
+  // runs (bit j: token j starts a run / lies in one); its codes and scales.
+  __shared__ int64_t s_k_row[kTileTokens];
+  __shared__ int64_t s_v_row[kTileTokens];
+  __shared__ int64_t s_entry[kTileTokens];
+  __shared__ int32_t s_off[kTileTokens];
+  __shared__ uint32_t s_runs[2];
+  __shared__ uint32_t s_scale[2][kTileTokens];
+  __shared__ __align__(16) uint8_t s_k[kTileTokens][L::kKRowPitch];
+  __shared__ __align__(8)
+      typename VStage<kVBits>::Code s_v[L::kMaxHeadSize][VStage<kVBits>::kPitch];
 
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % kLanes;
+  const int k = tid / kLanes;  // the lane group's token in the tile
+  const int h = static_cast<int>(blockIdx.y);
   const int D = g.head_size;
-  const uint32_t valid = L::ValidMask(lane, D);
+  const int64_t t0 = int64_t{blockIdx.x} * kTileTokens;
+  const int64_t head_offset = int64_t{h} * D;
   const int64_t num_slots = int64_t{g.num_blocks} * g.block_size;
-  uint8_t* const k_data = p.layer + g.k_data_offset();
-  uint8_t* const v_data = p.layer + g.v_data_offset();
-  uint8_t* const k_scales = p.layer + g.k_scale_offset();
-  uint8_t* const v_scales = p.layer + g.v_scale_offset();
-  const Raw* const key = static_cast<const Raw*>(p.key);
-  const Raw* const value = static_cast<const Raw*>(p.value);
-  Row(*const raw)[32] = raw_stage[warp];
 
+  // 1. The rows in flight first; the slots meanwhile: each lane group
+  // reads its token's (to know whether it writes), warp 0 the tile's (for
+  // the store phase, behind the barrier).
+  RawRow<Tag, kLanes> key_row, value_row;
+  const int64_t t = t0 + k;
+  if (t < p.num_tokens) {
+    LoadRow(static_cast<const Raw*>(p.key) + t * p.key_stride + head_offset, D, args.key_vec, lane,
+            &key_row);
+    LoadRow(static_cast<const Raw*>(p.value) + t * p.value_stride + head_offset, D, args.value_vec,
+            lane, &value_row);
+  }
+  const bool written = TokenSlot(p, t, num_slots, false) >= 0;
+  if (tid < kTileTokens) {
+    const int64_t slot = TokenSlot(p, t0 + tid, num_slots, h == 0);
+    // A run: W tokens in a row whose slots are one aligned V word's, in
+    // order (an aligned word never crosses a block: block_size % W == 0).
+    bool start = slot >= 0 && slot % W == 0 && g.block_size % W == 0;
+#pragma unroll
+    for (int j = 1; j < W; ++j) {
+      const int64_t next = __shfl_down_sync(kFullWarp, slot, j);
+      start = start && tid + j < kTileTokens && next == slot + j;
+    }
+    const uint32_t starts = __ballot_sync(kFullWarp, start);
+    uint32_t members = 0;
+#pragma unroll
+    for (int j = 0; j < W; ++j) members |= starts << j;
+    // 32-bit division where the pool allows (one instruction sequence
+    // instead of the 64-bit one's ~70).
+    int64_t b;
+    int off;
+    if (num_slots <= INT32_MAX) {
+      const uint32_t s32 = static_cast<uint32_t>(slot);
+      b = s32 / static_cast<uint32_t>(g.block_size);
+      off = static_cast<int>(s32 % static_cast<uint32_t>(g.block_size));
+    } else {
+      b = slot / g.block_size;
+      off = static_cast<int>(slot % g.block_size);
+    }
+    s_k_row[tid] = slot >= 0 ? g.k_byte(b, h, off, 0) : -1;
+    s_v_row[tid] = g.v_byte(b, h, off, 0);
+    s_entry[tid] = (b * g.num_kv_heads + h) * g.block_size + off;
+    s_off[tid] = off;
+    if (tid == 0) {
+      s_runs[0] = starts;
+      s_runs[1] = members;
+    }
+  }
+
+  // 2. Quantize the token's K and V rows into the stage. Every lane group
+  // runs the quantizer (its reductions shuffle warp-wide); a token that
+  // writes nothing has no valid channel, counts nothing and stores nothing.
+  const uint32_t valid = written ? L::ValidMask(lane, D) : 0u;
   LaneStats stats;
-  uint16_t codes[kPerLane];
+  uint32_t codes[L::kPerLane];
   uint16_t scale;
   uint16_t min;
-  // Block x of a group of W blocks takes tokens j, j + W, j + 2W, ... (j =
-  // x % W) of the group's kWarps * W tokens, one per warp: in a prefill,
-  // where runs tile the tokens, a block's warps are then all run leaders
-  // or all inside runs (and return at once), so resident blocks are busy
-  // ones. Tokens written one at a time (a decode step) keep one warp each.
-  // Grid y is the KV head.
-  const int h = static_cast<int>(blockIdx.y);
-  const int64_t group_tokens = int64_t{kWarps} * W;
-  const int64_t num_groups = (p.num_tokens + group_tokens - 1) / group_tokens;
-  for (int64_t grp = blockIdx.x / W; grp < num_groups; grp += gridDim.x / W) {
-    const int64_t tt = grp * group_tokens + int64_t{warp} * W + blockIdx.x % W;
-    if (tt >= p.num_tokens) continue;
-    const int32_t t = static_cast<int32_t>(tt);
-    const int64_t slot = __ldg(p.slot_mapping + t);
-    if (slot < 0 || slot >= num_slots) {  // padding, or invalid: never written
-      if (slot != -1 && h == 0) {
-        ReportFault(p.checked, DeviceFault::kSlotOutOfRange, t, slot, num_slots);
+  const float* lambda = p.key_smoothing != nullptr ? p.key_smoothing + head_offset : nullptr;
+  QuantizeRow(key_row, valid, lambda, g.k_dtype, lane, codes, &scale, &min, &stats);
+  if (written) {
+    StageKRow<Tag, kLanes>(g, lane, valid, codes, s_k[k]);
+    if (lane == 0) s_scale[0][k] = scale | static_cast<uint32_t>(min) << 16;
+  }
+  QuantizeRow(value_row, valid, nullptr, g.v_dtype, lane, codes, &scale, &min, &stats);
+  if (written) {
+#pragma unroll
+    for (int i = 0; i < L::kPerLane; ++i) {
+      if (valid & (1u << i)) {
+        s_v[L::Channel(lane, i)][k] = static_cast<typename VStage<kVBits>::Code>(codes[i]);
       }
+    }
+    if (lane == 0) s_scale[1][k] = scale | static_cast<uint32_t>(min) << 16;
+  }
+  __syncthreads();
+
+  // 3. Store the tile, adjacent threads on adjacent tokens.
+  uint8_t* const k_data = p.layer + g.k_data_offset();
+  uint8_t* const v_data = p.layer + g.v_data_offset();
+  // K: chunk c of token j is 16 bytes at its row + c * chunk_stride.
+  const int k_chunks = g.k_chunks();
+  for (unsigned i = tid; i < k_chunks * kTileTokens; i += L::kThreads) {
+    const int j = i % kTileTokens;
+    const int c = i / kTileTokens;
+    if (s_k_row[j] < 0) continue;
+    *reinterpret_cast<uint4*>(k_data + s_k_row[j] + c * g.k_chunk_stride()) =
+        *reinterpret_cast<const uint4*>(&s_k[j][c * 16]);
+  }
+  // Scales: K by the first 32 threads, V by the next 32.
+  if (tid < 2 * kTileTokens) {
+    const int j = tid % kTileTokens;
+    if (s_k_row[j] >= 0) {
+      if (tid < kTileTokens) {
+        const int bytes = g.k_scale_entry_bytes();
+        StoreScale(p.layer + g.k_scale_offset() + s_entry[j] * bytes, bytes, s_scale[0][j]);
+      } else {
+        const int bytes = g.v_scale_entry_bytes();
+        StoreScale(p.layer + g.v_scale_offset() + s_entry[j] * bytes, bytes, s_scale[1][j]);
+      }
+    }
+  }
+  // V: per channel, the tile's tokens in slices of W; a run is one word.
+  const uint32_t starts = s_runs[0];
+  const uint32_t members = s_runs[1];
+  const int64_t channel_stride = g.v_channel_stride();
+  constexpr int kSlices = kTileTokens / W;
+  for (unsigned i = tid; i < D * kSlices; i += L::kThreads) {
+    const int d = i / kSlices;
+    const int j0 = (i % kSlices) * W;
+    if (starts & (1u << j0)) {  // the slice is a run (a prefill's tokens)
+      *reinterpret_cast<uint32_t*>(v_data + s_v_row[j0] + d * channel_stride) =
+          VStage<kVBits>::Word(s_v[d], j0, true);
       continue;
     }
-    const int n = RunLength<W>(g, p.slot_mapping, p.num_tokens, t, slot, lane);
-    if (n == 0) continue;  // inside another warp's run
-    const int64_t b = slot / g.block_size;
-    const int off = static_cast<int>(slot % g.block_size);
-    const int64_t head_offset = int64_t{h} * D;
-
-    // Every input row of the item in flight at once; then one wait. The
-    // rows are quantized one at a time from shared memory in a loop that
-    // is not unrolled: the quantizer (all dtypes, exact divisions) is long,
-    // and W unrolled copies of it missed in the instruction cache.
-    for (int k = 0; k < n; ++k) {
-      StageRow(key + (t + k) * p.key_stride + head_offset, D, args.key_vec, lane, &raw[k][lane]);
-      StageRow(value + (t + k) * p.value_stride + head_offset, D, args.value_vec, lane,
-               &raw[W + k][lane]);
-    }
-    CpAsyncWaitAll();  // each lane reads back only its own elements
-
-    // ---- K (key smoothing applies to K only) ----
-    const float* lambda = p.key_smoothing != nullptr ? p.key_smoothing + head_offset : nullptr;
 #pragma unroll 1
-    for (int k = 0; k < n; ++k) {
-      QuantizeRow(raw[k][lane], valid, lambda, g.k_dtype, lane, codes, &scale, &min, &stats);
-      StageKRow<Tag>(g, lane, valid, codes, reinterpret_cast<uint8_t*>(k_stage[warp][k]));
-      if (lane == 0) {
-        StoreScale(k_scales + g.k_scale_byte(b, h, off + k), g.k_scale_entry_bytes(), scale, min);
-      }
-    }
-    __syncwarp();
-    // Tokens off .. off + n - 1 of block b: chunk c of token k sits at
-    // c * chunk_stride + k * 16 from the first token's row.
-    uint8_t* const k_row = k_data + g.k_byte(b, h, off, 0);
-    const int64_t chunk_stride = g.k_chunk_stride();
-    for (int i = lane; i < n * g.k_chunks(); i += 32) {
-      const int c = i / n;
-      const int k = i - c * n;
-      *reinterpret_cast<uint4*>(k_row + c * chunk_stride + k * 16) = k_stage[warp][k][c];
-    }
-
-    // ---- V ----
-    uint8_t* const v_head = v_data + g.v_byte(b, h, 0, 0);
-    if (n == 1) {
-      // A token on its own: element by element (INT4 nibbles by atomics).
-      QuantizeRow(raw[W][lane], valid, nullptr, g.v_dtype, lane, codes, &scale, &min, &stats);
-      StoreVToken<Tag>(g, v_head, off, lane, valid, codes);
-      if (lane == 0) {
-        StoreScale(v_scales + g.v_scale_byte(b, h, off), g.v_scale_entry_bytes(), scale, min);
-      }
-    } else {
-      // The run fills the words of slots off .. off + W - 1 (off is a
-      // multiple of W): each channel's word assembled in registers,
-      // little-endian like the CPU's byte-wise stores.
-      constexpr int kBits = 32 / W;
-      constexpr uint32_t kMask = (1u << kBits) - 1u;
-      uint32_t words[kPerLane];
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) words[i] = 0;
-#pragma unroll 1
-      for (int k = 0; k < W; ++k) {
-        QuantizeRow(raw[W + k][lane], valid, nullptr, g.v_dtype, lane, codes, &scale, &min,
-                    &stats);
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          words[i] |= (static_cast<uint32_t>(codes[i]) & kMask) << (k * kBits);
-        }
-        if (lane == 0) {
-          StoreScale(v_scales + g.v_scale_byte(b, h, off + k), g.v_scale_entry_bytes(), scale,
-                     min);
-        }
-      }
-      uint8_t* const v_word = v_head + int64_t{off} * kBits / 8;
-      const int64_t stride = g.v_channel_stride();
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        if (valid & (1u << i)) {
-          *reinterpret_cast<uint32_t*>(v_word + L::Channel(lane, i) * stride) = words[i];
+    for (int j = j0; j < j0 + W; ++j) {
+      if (s_k_row[j] < 0 || (members & ~starts & (1u << j))) continue;
+      uint8_t* const dst = v_data + s_v_row[j] + d * channel_stride;
+      if (starts & (1u << j)) {
+        *reinterpret_cast<uint32_t*>(dst) = VStage<kVBits>::Word(s_v[d], j, false);
+      } else {
+        const uint16_t code = s_v[d][j];
+        if (kVBits == 16) {
+          *reinterpret_cast<uint16_t*>(dst) = code;  // little-endian, as the CPU
+        } else if (kVBits == 8) {
+          *dst = static_cast<uint8_t>(code);
+        } else {
+          StoreNibble(dst, g.v_shift(s_off[j]), code);
         }
       }
     }
-    __syncwarp();  // the stages are reused by this warp's next item
   }
 
   // One atomic per warp and counter, only when there is something to add.
   const unsigned non_finite = __reduce_add_sync(kFullWarp, stats.non_finite);
   const unsigned saturated = __reduce_add_sync(kFullWarp, stats.saturated);
-  if (lane == 0 && p.counters != nullptr) {
+  if (tid % 32 == 0 && p.counters != nullptr) {
     if (non_finite != 0) {
       atomicAdd(&p.counters->non_finite, static_cast<unsigned long long>(non_finite));
     }
@@ -408,33 +495,36 @@ __global__ void __launch_bounds__(WarpsPerBlock<Tag, kPerLane, W>() * 32)
 
 bool Aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename Tag, int kPerLane, int W>
+template <typename Tag, int kLanes, int kVBits>
 int Launch(const WriteArgs& args, cudaStream_t stream) {
-  constexpr int kWarps = WarpsPerBlock<Tag, kPerLane, W>();
-  const int64_t group_tokens = int64_t{kWarps} * W;
-  int64_t groups = (args.p.num_tokens + group_tokens - 1) / group_tokens;
-  // A grid-stride loop covers the rest; this is plenty to fill any GPU.
-  if (groups > (int64_t{1} << 16)) groups = int64_t{1} << 16;
-  const dim3 grid(static_cast<unsigned>(groups * W), static_cast<unsigned>(args.p.geo.num_kv_heads));
-  CacheWriteKernel<Tag, kPerLane, W><<<grid, kWarps * 32, 0, stream>>>(args);
+  const int64_t tiles = (int64_t{args.p.num_tokens} + kTileTokens - 1) / kTileTokens;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(args.p.geo.num_kv_heads));
+  CacheWriteKernel<Tag, kLanes, kVBits>
+      <<<grid, RowLayout<Tag, kLanes>::kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
-// The one dispatch point: V word width (from the V dtype's bits) and
-// elements per lane (from the head size) become template arguments.
-template <typename Tag>
-int LaunchForInput(const WriteArgs& args, cudaStream_t stream) {
-  const bool wide = args.p.geo.head_size > 32 * 4;
+template <typename Tag, int kLanes>
+int LaunchForVBits(const WriteArgs& args, cudaStream_t stream) {
   switch (args.p.geo.v_bits()) {
     case 16:
-      return wide ? Launch<Tag, 8, 2>(args, stream) : Launch<Tag, 4, 2>(args, stream);
+      return Launch<Tag, kLanes, 16>(args, stream);
     case 8:
-      return wide ? Launch<Tag, 8, 4>(args, stream) : Launch<Tag, 4, 4>(args, stream);
+      return Launch<Tag, kLanes, 8>(args, stream);
     case 4:
-      return wide ? Launch<Tag, 8, 8>(args, stream) : Launch<Tag, 4, 8>(args, stream);
+      return Launch<Tag, kLanes, 4>(args, stream);
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+// The one dispatch point: input dtype, lanes per row (from the head size)
+// and the V word's packing become template arguments.
+template <typename Tag>
+int LaunchForInput(const WriteArgs& args, cudaStream_t stream) {
+  return args.p.geo.head_size <= RowLayout<Tag, 8>::kMaxHeadSize
+             ? LaunchForVBits<Tag, 8>(args, stream)
+             : LaunchForVBits<Tag, 16>(args, stream);
 }
 
 }  // namespace
@@ -446,18 +536,16 @@ int LaunchCacheWrite(const WriteParams& params, void* stream) {
   // (layers start at 256-byte boundaries of a cudaMalloc'd or
   // engine-allocated, aligned cache).
   if (!Aligned(params.layer, 16)) return cudaErrorMisalignedAddress;
-  if (g.head_size <= 0 || g.head_size > 32 * 8 || g.head_size % 16 != 0) {
+  if (g.head_size <= 0 || g.head_size > 256 || g.head_size % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   const int in_bytes = params.input_dtype == DType::kFP32 ? 4 : 2;
   WriteArgs args;
   args.p = params;
   // Rows start at t * stride + h * head_size elements and head_size is a
-  // multiple of 16, so 4-element loads need an aligned base and stride.
-  const int load_bytes = 4 * in_bytes;
-  args.key_vec = Aligned(params.key, load_bytes) && (params.key_stride * in_bytes) % load_bytes == 0;
-  args.value_vec =
-      Aligned(params.value, load_bytes) && (params.value_stride * in_bytes) % load_bytes == 0;
+  // multiple of 16, so 16-byte loads need an aligned base and stride.
+  args.key_vec = Aligned(params.key, 16) && (params.key_stride * in_bytes) % 16 == 0;
+  args.value_vec = Aligned(params.value, 16) && (params.value_stride * in_bytes) % 16 == 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (params.input_dtype) {
     case DType::kFP32:

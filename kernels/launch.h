@@ -19,6 +19,15 @@ namespace kernels {
 // The toolchain probe: proves .cu files compile, link and run.
 int LaunchFillPattern(uint32_t* dst, int64_t n, uint32_t seed, void* stream);
 
+// Test support: counts where ScaleDivisor (kernels/common/quantize.cuh)
+// and __fdiv_rn disagree on `stream`: counts[0] over every pair of an FP16
+// scale significand and an FP32 value significand (2^33 pairs, bit for
+// bit), counts[1] over `random_pairs` random scales and values of every
+// exponent (by the quantizer's rules); counts[2] the pairs compared. The
+// counters are added to.
+int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, uint32_t seed,
+                             void* stream);
+
 // Quantize + scatter (WriteParams; pointers in device memory). Produces
 // the same bytes as the CPU backend's write; -1 slots are skipped, slots
 // out of range are skipped too (nothing is written for them).

@@ -1,14 +1,16 @@
 // Device version of the reference quantizer (src/formats.cc, QuantizeVector):
 // the same IEEE FP32 operations in the same order, each written as an
 // explicitly rounded intrinsic (__fdiv_rn, __fsub_rn, __float2half_ru/rd,
-// rintf) so that nvcc can neither contract nor reorder them. The cache write
+// rintf) so that nvcc can neither contract nor reorder them; the divisions
+// by a scale use ScaleDivisor, proven to round like __fdiv_rn. The cache write
 // kernel must produce the CPU backend's bytes exactly; every clamp and every
 // counting rule below mirrors one in formats.cc (docs/FORMATS.md, "The
 // quantizer, exactly").
 //
-// One token-head vector is spread over a warp: each lane holds up to N
-// elements in registers (`valid` says which exist). Reductions (amax, min,
-// max) are exact, so their order does not matter.
+// One token-head vector is spread over a group of kLanes adjacent lanes
+// (aligned within the warp): each lane holds up to N elements in registers
+// (`valid` says which exist). Reductions (amax, min, max) are exact, so
+// their order does not matter.
 #ifndef KVPAGE_KERNELS_COMMON_QUANTIZE_CUH_
 #define KVPAGE_KERNELS_COMMON_QUANTIZE_CUH_
 
@@ -48,11 +50,10 @@ __device__ __forceinline__ float PrepareValue(float x, float lambda,
                                               bool smooth, bool* overflow,
                                               LaneStats* stats) {
   *overflow = false;
-  if (!isfinite(x)) {
-    ++stats->non_finite;
-    return 0.0f;
-  }
-  if (!smooth) return x;
+  const bool finite = isfinite(x);
+  stats->non_finite += static_cast<unsigned>(!finite);
+  if (!finite) x = 0.0f;
+  if (!smooth || !finite) return x;
   const float v = __fdiv_rn(x, lambda);
   if (isnan(v)) {  // only with an invalid divisor; the CPU treats it so too
     ++stats->non_finite;
@@ -67,9 +68,11 @@ __device__ __forceinline__ float PrepareValue(float x, float lambda,
 }
 
 // A clip in steps 2-4 counts unless step 1 already counted the element as
-// a smoothing overflow (each element counts at most once).
-__device__ __forceinline__ void CountClip(bool overflow, LaneStats* stats) {
-  if (!overflow) ++stats->saturated;
+// a smoothing overflow (each element counts at most once) or the element
+// is not part of the vector: `uncounted` says either. Branch-free, like
+// every per-element step here: the element loops stay straight-line code.
+__device__ __forceinline__ void CountClip(bool clipped, bool uncounted, LaneStats* stats) {
+  stats->saturated += static_cast<unsigned>(clipped && !uncounted);
 }
 
 __device__ __forceinline__ uint16_t HalfBits(__half h) {
@@ -81,122 +84,185 @@ __device__ __forceinline__ float HalfBitsToFloat(uint16_t bits) {
 
 // FP16 scale rounded toward +Inf (away from the data), +Inf clipped to
 // 65504, and a quotient that underflowed to 0 raised to 2^-24, exactly as
-// formats.cc's ScaleUp. `quotient` is positive.
-__device__ __forceinline__ uint16_t ScaleUp(float quotient) {
+// formats.cc's ScaleUp. `quotient` is positive. *clipped: the scale is
+// below the quotient (the +Inf case).
+__device__ __forceinline__ uint16_t ScaleUp(float quotient, bool* clipped) {
   uint16_t s = HalfBits(__float2half_ru(quotient));
-  if (s == kHalfInfBits) s = kHalfMaxBits;
+  *clipped = s == kHalfInfBits;
+  if (*clipped) s = kHalfMaxBits;
   if (s == 0) s = 0x0001;
   return s;
 }
 
 // Step 2: an FP16/BF16 code, round half to even; overflow saturates to the
 // largest finite value of its sign and is counted.
-__device__ __forceinline__ uint16_t Float16Code(float v, bool bf16,
-                                                bool overflow,
+__device__ __forceinline__ uint32_t Float16Code(float v, bool bf16, bool uncounted,
                                                 LaneStats* stats) {
-  uint16_t code = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
-                       : HalfBits(__float2half_rn(v));
-  if ((code & 0x7FFF) == (bf16 ? kBf16InfBits : kHalfInfBits)) {
-    code = (code & kHalfSignBits) | (bf16 ? kBf16MaxBits : kHalfMaxBits);
-    CountClip(overflow, stats);
-  }
-  return code;
+  const uint32_t code = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
+                             : HalfBits(__float2half_rn(v));
+  const bool inf = (code & 0x7FFF) == (bf16 ? kBf16InfBits : kHalfInfBits);
+  CountClip(inf, uncounted, stats);
+  return inf ? (code & kHalfSignBits) | (bf16 ? kBf16MaxBits : kHalfMaxBits) : code;
 }
 
-// Step 3, one element of INT8: RNE(v / s) clipped to +-127.
-__device__ __forceinline__ uint16_t Int8Code(float v, float s, bool overflow,
-                                             LaneStats* stats) {
-  float r = rintf(__fdiv_rn(v, s));
-  if (fabsf(r) > 127.0f) {
-    r = copysignf(127.0f, r);
-    CountClip(overflow, stats);
+// Division by a vector's scale s (an FP16 value, so 2^-24 <= s <= 65504):
+// RN(v / s), bit for bit what __fdiv_rn(v, s) returns for every v the
+// quantizer divides, in four operations instead of ~10 and a slow-path
+// check. r = RN(1 / s) once per vector; per element q = RN(v * r), the
+// residual v - s * q (exact in one FMA) and one correction (Markstein's
+// scheme). Why it is exact here:
+//   - the quantizer's quotients are bounded (|v / s| <= ~464: s comes from
+//     the vector's own range, rounded up), so nothing overflows;
+//   - away from underflow, scaling v or s by a power of two scales every
+//     step exactly, so the result depends on the two significands only, and
+//     the GPU test CudaQuantizer.ScaleDivisionIsExact checks all pairs
+//     (every FP16 significand of s against every FP32 significand of v);
+//   - where a residual may underflow (|v / s| < 2^-20) the last bit may
+//     differ, but every code of such a quotient is zero (INT8, INT4) or a
+//     zero with v's sign (FP8); kSignedZero gives that sign (-0 / s
+//     included, which the plain correction would turn into +0);
+//   - a quotient can pass FLT_MAX only in INT4 with a clipped minimum
+//     (values below -65504); kMayOverflow returns +-Inf there (the
+//     correction would make it NaN), and every code and count of such a
+//     quotient is that of +-Inf.
+// The test also compares Divide<true, true> with __fdiv_rn over random
+// FP16 scales and FP32 values of every exponent under these rules; the
+// other instances differ from it only where their callers do not look.
+struct ScaleDivisor {
+  float s;
+  float r;
+  __device__ explicit ScaleDivisor(float scale) {
+    s = scale;
+    r = __frcp_rn(scale);
   }
+  template <bool kSignedZero, bool kMayOverflow>
+  __device__ float Divide(float v) const {
+    const float q = __fmul_rn(v, r);
+    const float e = __fmaf_rn(-s, q, v);
+    float corrected = __fmaf_rn(e, r, q);
+    if (kSignedZero) corrected = copysignf(corrected, v);
+    if (kMayOverflow) corrected = isinf(q) ? q : corrected;
+    return corrected;
+  }
+};
+
+// Step 3, one element of INT8: RNE(v / s) clipped to +-127.
+__device__ __forceinline__ uint32_t Int8Code(float v, const ScaleDivisor& s, bool uncounted,
+                                             LaneStats* stats) {
+  float r = rintf(s.Divide<false, false>(v));
+  const bool clipped = fabsf(r) > 127.0f;
+  CountClip(clipped, uncounted, stats);
+  if (clipped) r = copysignf(127.0f, r);
   return static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(r)));
 }
 
 // Step 3, one element of FP8 E4M3: the hardware conversion (round half to
 // even, saturating to 448). SATFINITE only clamps; the CPU counts values
 // whose rounding would pass 448, i.e. |q| > 464.
-__device__ __forceinline__ uint16_t Fp8Code(float v, float s, bool overflow,
+__device__ __forceinline__ uint32_t Fp8Code(float v, const ScaleDivisor& s, bool uncounted,
                                             LaneStats* stats) {
-  const float q = __fdiv_rn(v, s);
-  if (fabsf(q) > 464.0f) CountClip(overflow, stats);
+  const float q = s.Divide<true, false>(v);
+  CountClip(fabsf(q) > 464.0f, uncounted, stats);
   return static_cast<uint8_t>(
       __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
 }
 
 // Step 4, one element of INT4: RNE((v - m) / s) clipped to [0, 15].
-__device__ __forceinline__ uint16_t Int4Code(float v, float m, float s,
-                                             bool overflow, LaneStats* stats) {
-  float c = rintf(__fdiv_rn(__fsub_rn(v, m), s));
-  if (c < 0.0f || c > 15.0f) {
-    c = c < 0.0f ? 0.0f : 15.0f;
-    CountClip(overflow, stats);
-  }
-  return static_cast<uint16_t>(c);
+__device__ __forceinline__ uint32_t Int4Code(float v, float m, const ScaleDivisor& s,
+                                             bool uncounted, LaneStats* stats) {
+  const float c = rintf(s.Divide<false, true>(__fsub_rn(v, m)));
+  CountClip(c < 0.0f || c > 15.0f, uncounted, stats);
+  return static_cast<uint32_t>(fminf(fmaxf(c, 0.0f), 15.0f));
 }
 
-// ---- Warp reductions (exact: max and min do not round) --------------------
+// ---- Lane-group reductions (exact: max and min do not round) --------------
+// Over the kLanes-lane group (a power of two) holding one vector; every
+// lane of the warp takes part.
 
-__device__ __forceinline__ float WarpMax(float v) {
+template <int kLanes>
+__device__ __forceinline__ float LaneGroupMax(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
+  for (int o = kLanes / 2; o > 0; o >>= 1) {
     v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, o));
   }
   return v;
 }
 
-__device__ __forceinline__ float WarpMin(float v) {
+template <int kLanes>
+__device__ __forceinline__ float LaneGroupMin(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
+  for (int o = kLanes / 2; o > 0; o >>= 1) {
     v = fminf(v, __shfl_xor_sync(kFullWarp, v, o));
   }
   return v;
 }
 
-// ---- One vector, spread over a warp ----------------------------------------
+// ---- One vector, spread over a lane group ----------------------------------
 
 // Quantizes the prepared values v[i] (step 1 done; bit i of `overflow` set
 // where it clipped a smoothing overflow) of the elements this lane holds
-// (bit i of `valid`) into codes[i], with the
-// vector's FP16 scale (and INT4 min) in *scale / *min on every lane. Every
-// lane of the warp must call it with the same dtype. Invalid elements get
-// code 0 and take no part.
-template <int N>
-__device__ __forceinline__ void QuantizeWarpVector(
+// (bit i of `valid`; the others must hold NaN, which fminf/fmaxf skip) into
+// codes[i], with the vector's FP16 scale (and INT4 min) in *scale / *min on
+// every lane of the group. Every lane of the warp must call it with the
+// same dtype (the reductions shuffle warp-wide); a group with no valid
+// element counts nothing (its results are not used). Codes of invalid
+// elements are meaningless: the element loops run on every register
+// without branches and only the counts look at `valid`.
+template <int kLanes, int N>
+__device__ __forceinline__ void QuantizeLaneGroupVector(
     DType dtype, const float (&v)[N], uint32_t overflow, uint32_t valid,
-    uint16_t (&codes)[N], uint16_t* scale, uint16_t* min, LaneStats* stats) {
+    uint32_t (&codes)[N], uint16_t* scale, uint16_t* min, LaneStats* stats) {
   *scale = 0;
   *min = 0;
-#pragma unroll
-  for (int i = 0; i < N; ++i) codes[i] = 0;
+  const uint32_t uncounted = overflow | ~valid;
 
   if (dtype == DType::kFP16 || dtype == DType::kBF16) {
     const bool bf16 = dtype == DType::kBF16;
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if (valid & (1u << i)) codes[i] = Float16Code(v[i], bf16, (overflow >> i) & 1u, stats);
-    }
+    for (int i = 0; i < N; ++i) codes[i] = Float16Code(v[i], bf16, (uncounted >> i) & 1u, stats);
     return;
   }
 
   if (dtype == DType::kFP8E4M3 || dtype == DType::kINT8) {
     float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if (valid & (1u << i)) amax = fmaxf(amax, fabsf(v[i]));
-    }
-    amax = WarpMax(amax);
-    if (amax == 0.0f) return;  // scale 0, codes 0
-    const bool int8 = dtype == DType::kINT8;
-    *scale = ScaleUp(__fdiv_rn(amax, int8 ? 127.0f : 448.0f));
-    const float s = HalfBitsToFloat(*scale);
+    for (int i = 0; i < N; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    amax = LaneGroupMax<kLanes>(amax);
+    if (amax == 0.0f) {  // scale 0, codes 0 (FP8 included: no -0 codes)
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if (valid & (1u << i)) {
-        codes[i] = int8 ? Int8Code(v[i], s, (overflow >> i) & 1u, stats)
-                        : Fp8Code(v[i], s, (overflow >> i) & 1u, stats);
+      for (int i = 0; i < N; ++i) codes[i] = 0;
+      return;
+    }
+    const bool int8 = dtype == DType::kINT8;
+    bool clipped;
+    *scale = ScaleUp(__fdiv_rn(amax, int8 ? 127.0f : 448.0f), &clipped);
+    const ScaleDivisor s(HalfBitsToFloat(*scale));
+    if (!clipped) {
+      // s >= RN(amax / 127) >= amax / 127 * (1 - 2^-24), so |v / s| <=
+      // 127 * (1 + 2^-23) (448 * (1 + 2^-23) for FP8): every code is in
+      // range, nothing clips or counts, and the steps reduce to the
+      // division and the conversion.
+      if (int8) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          codes[i] = static_cast<uint8_t>(
+              static_cast<int8_t>(static_cast<int>(rintf(s.Divide<false, false>(v[i])))));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          codes[i] = static_cast<uint8_t>(
+              __nv_cvt_float_to_fp8(s.Divide<true, false>(v[i]), __NV_SATFINITE, __NV_E4M3));
+        }
       }
+      return;
+    }
+    if (int8) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) codes[i] = Int8Code(v[i], s, (uncounted >> i) & 1u, stats);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) codes[i] = Fp8Code(v[i], s, (uncounted >> i) & 1u, stats);
     }
     return;
   }
@@ -207,19 +273,16 @@ __device__ __forceinline__ void QuantizeWarpVector(
     float hi = -INFINITY;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      if (valid & (1u << i)) {
-        lo = fminf(lo, v[i]);
-        hi = fmaxf(hi, v[i]);
-      }
+      lo = fminf(lo, v[i]);
+      hi = fmaxf(hi, v[i]);
     }
-    lo = WarpMin(lo);
-    hi = WarpMax(hi);
+    lo = LaneGroupMin<kLanes>(lo);
+    hi = LaneGroupMax<kLanes>(hi);
     // Rounded down (away from the data); only -Inf needs clipping. -0 is
     // stored as +0, so the sign fminf picked among zeros does not matter.
     uint16_t m_bits = HalfBits(__float2half_rd(lo));
-    if (m_bits == (kHalfSignBits | kHalfInfBits)) {
-      m_bits = kHalfSignBits | kHalfMaxBits;
-    }
+    const bool m_clipped = m_bits == (kHalfSignBits | kHalfInfBits);
+    if (m_clipped) m_bits = kHalfSignBits | kHalfMaxBits;
     if (m_bits == kHalfSignBits) m_bits = 0;
     *min = m_bits;
     const float m = HalfBitsToFloat(m_bits);
@@ -228,16 +291,26 @@ __device__ __forceinline__ void QuantizeWarpVector(
       // Every value equals m, or lies below it because m was clipped.
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        if ((valid & (1u << i)) && v[i] < m) CountClip((overflow >> i) & 1u, stats);
+        CountClip(v[i] < m, (uncounted >> i) & 1u, stats);
+        codes[i] = 0;
       }
       return;  // scale 0, codes 0
     }
-    *scale = ScaleUp(__fdiv_rn(r, 15.0f));
-    const float s = HalfBitsToFloat(*scale);
+    bool s_clipped;
+    *scale = ScaleUp(__fdiv_rn(r, 15.0f), &s_clipped);
+    const ScaleDivisor s(HalfBitsToFloat(*scale));
+    if (!m_clipped && !s_clipped) {
+      // m <= every v, and s >= RN(r / 15) * (1 - 2^-24) with RN(v - m) <= r,
+      // so 0 <= (v - m) / s <= 15 * (1 + 2^-23): every code is in range and
+      // nothing clips, overflows or counts.
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if (valid & (1u << i)) codes[i] = Int4Code(v[i], m, s, (overflow >> i) & 1u, stats);
+      for (int i = 0; i < N; ++i) {
+        codes[i] = static_cast<uint32_t>(rintf(s.Divide<false, false>(__fsub_rn(v[i], m))));
+      }
+      return;
     }
+#pragma unroll
+    for (int i = 0; i < N; ++i) codes[i] = Int4Code(v[i], m, s, (uncounted >> i) & 1u, stats);
   }
 }
 

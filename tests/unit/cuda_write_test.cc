@@ -36,12 +36,11 @@ namespace {
 
 #if KVPAGE_HAVE_CUDA
 
-constexpr DType kCacheDTypes[] = {DType::kFP16, DType::kBF16, DType::kFP8E4M3,
-                                  DType::kINT8, DType::kINT4};
+constexpr DType kCacheDTypes[] = {DType::kFP16, DType::kBF16, DType::kFP8E4M3, DType::kINT8,
+                                  DType::kINT4};
 constexpr int kHeadSizes[] = {64, 80, 112, 128, 256};
 constexpr int kBlockSizes[] = {8, 16, 32};
 constexpr DType kInputDTypes[] = {DType::kFP32, DType::kFP16, DType::kBF16};
-
 
 int InputBytes(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
@@ -118,9 +117,18 @@ void FillVector(std::mt19937& rng, int n, float* out) {
     }
     case 7:  // FP16 and FP8 boundaries, exact and one ulp off
       for (int i = 0; i < n; ++i) {
-        const float edge[] = {65504.0f, 65519.0f, 65520.0f, -65520.0f, 65536.0f, 1e5f,
-                              std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), 448.0f,
-                              464.0f, -480.0f, std::ldexp(1.0f, -14)};
+        const float edge[] = {65504.0f,
+                              65519.0f,
+                              65520.0f,
+                              -65520.0f,
+                              65536.0f,
+                              1e5f,
+                              std::ldexp(1.0f, -24),
+                              std::ldexp(1.0f, -25),
+                              448.0f,
+                              464.0f,
+                              -480.0f,
+                              std::ldexp(1.0f, -14)};
         float e = edge[rng() % 12];
         if (rng() % 3 == 0) e = std::nextafter(e, (rng() & 1) ? INFINITY : -INFINITY);
         if (rng() % 2 == 0) out[i] = e;
@@ -173,8 +181,7 @@ std::vector<float> MakeSmoothing(std::mt19937& rng, int count) {
 //     in random order, from a random offset in the first block (the
 //     kernel's whole-word V path);
 //   - the same with holes (-1), which break some words' runs.
-std::vector<int64_t> MakeSlots(std::mt19937& rng, const CacheGeometry& g,
-                               int num_tokens) {
+std::vector<int64_t> MakeSlots(std::mt19937& rng, const CacheGeometry& g, int num_tokens) {
   const int64_t num_slots = int64_t{g.num_blocks} * g.block_size;
   const int shape = static_cast<int>(rng() % 3);
   std::vector<int64_t> slots;
@@ -228,8 +235,8 @@ std::string Describe(const CacheGeometry& g, int64_t off) {
     if (o >= region.offset && region.block_stride > 0 &&
         o < region.offset + g.num_blocks * region.block_stride) {
       o -= region.offset;
-      return absl::StrFormat("layer %d, %s, block %d, byte %d of the block", layer,
-                             names[r], o / region.block_stride, o % region.block_stride);
+      return absl::StrFormat("layer %d, %s, block %d, byte %d of the block", layer, names[r],
+                             o / region.block_stride, o % region.block_stride);
     }
   }
   return absl::StrFormat("layer %d, padding byte %d", layer, o);
@@ -334,10 +341,10 @@ void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
   ASSERT_TRUE(st.ok()) << st;
 
   DeviceBuffer d_cache(poison.size()), d_key(key.size()), d_value(value.size()),
-      d_slots(gpu_slots.size() * sizeof(int64_t)),
-      d_smoothing(smoothing.size() * sizeof(float)), d_counters(sizeof(WriteCounters));
-  ASSERT_TRUE(d_cache.ok() && d_key.ok() && d_value.ok() && d_slots.ok() &&
-              d_smoothing.ok() && d_counters.ok());
+      d_slots(gpu_slots.size() * sizeof(int64_t)), d_smoothing(smoothing.size() * sizeof(float)),
+      d_counters(sizeof(WriteCounters));
+  ASSERT_TRUE(d_cache.ok() && d_key.ok() && d_value.ok() && d_slots.ok() && d_smoothing.ok() &&
+              d_counters.ok());
   ASSERT_EQ(cudaMemcpy(d_cache.get(), poison.data(), poison.size(), cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_key.get(), key.data(), key.size(), cudaMemcpyHostToDevice), cudaSuccess);
@@ -368,9 +375,9 @@ void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
   WriteCounters gpu_counters;
   ASSERT_EQ(cudaMemcpy(gpu_cache.data(), d_cache.get(), gpu_cache.size(), cudaMemcpyDeviceToHost),
             cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(&gpu_counters, d_counters.get(), sizeof(gpu_counters),
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(&gpu_counters, d_counters.get(), sizeof(gpu_counters), cudaMemcpyDeviceToHost),
+      cudaSuccess);
   ExpectSameBytes(g, cpu_cache, gpu_cache);
   EXPECT_EQ(gpu_counters.non_finite, cpu_counters.non_finite);
   EXPECT_EQ(gpu_counters.saturated, cpu_counters.saturated);
@@ -411,13 +418,13 @@ TEST_P(CudaWriteTest, MatchesCpuBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CudaWrite, CudaWriteTest,
-    testing::Combine(testing::ValuesIn(kCacheDTypes), testing::ValuesIn(kCacheDTypes)),
-    [](const testing::TestParamInfo<std::tuple<DType, DType>>& info) {
-      return std::string("K") + DTypeName(std::get<0>(info.param)) + "_V" +
-             DTypeName(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(CudaWrite, CudaWriteTest,
+                         testing::Combine(testing::ValuesIn(kCacheDTypes),
+                                          testing::ValuesIn(kCacheDTypes)),
+                         [](const testing::TestParamInfo<std::tuple<DType, DType>>& info) {
+                           return std::string("K") + DTypeName(std::get<0>(info.param)) + "_V" +
+                                  DTypeName(std::get<1>(info.param));
+                         });
 
 // Many tokens (more items than one grid wave) in one call: the INT4 V pair
 // bytes and the counters' per-warp atomics under real concurrency.
@@ -440,6 +447,26 @@ TEST(CudaWriteLarge, ManyTokensMatchCpu) {
     SCOPED_TRACE(DTypeName(v_dtype));
     RunWriteCase(rng, c, c.geo.num_blocks * c.geo.block_size - 3);
   }
+}
+
+// The quantizer's fast division by a scale against __fdiv_rn: every pair
+// of significands, and random scales and values of every exponent.
+TEST(CudaQuantizer, ScaleDivisionIsExact) {
+  if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
+  constexpr int64_t kRandomPairs = int64_t{1} << 30;
+  DeviceBuffer counts(3 * sizeof(unsigned long long));
+  ASSERT_TRUE(counts.ok());
+  unsigned long long* d = reinterpret_cast<unsigned long long*>(counts.get());
+  ASSERT_EQ(cudaMemset(d, 0, 3 * sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(kernels::LaunchScaleDivisionCheck(d, kRandomPairs, seed, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  unsigned long long got[3];
+  ASSERT_EQ(cudaMemcpy(got, d, sizeof(got), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[0], 0u) << "significand pairs where the fast division differs";
+  EXPECT_EQ(got[1], 0u) << "random pairs where the fast division differs";
+  EXPECT_EQ(got[2], (1ull << 33) + kRandomPairs) << "pairs compared";
 }
 
 // Slots outside [0, num_blocks * block_size) are skipped on the GPU (the
@@ -503,8 +530,9 @@ void BenchWrite(DType k_dtype, DType v_dtype, bool shuffled) {
   std::vector<uint16_t> h_in(num_tokens * row);
   std::normal_distribution<float> normal;
   for (uint16_t& x : h_in) x = FloatToHalfRne(normal(rng));
-  ASSERT_EQ(cudaMemcpy(slots.get(), h_slots.data(), num_tokens * sizeof(int64_t),
-                       cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(slots.get(), h_slots.data(), num_tokens * sizeof(int64_t), cudaMemcpyHostToDevice),
+      cudaSuccess);
   ASSERT_EQ(cudaMemcpy(key.get(), h_in.data(), h_in.size() * 2, cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(value.get(), h_in.data(), h_in.size() * 2, cudaMemcpyHostToDevice),
@@ -538,8 +566,8 @@ void BenchWrite(DType k_dtype, DType v_dtype, bool shuffled) {
       2.0 * num_tokens * row * 2 + double(num_tokens) * g.bytes_per_token_per_layer();
   const double us = ms * 1000.0 / reps;
   std::printf("write K %-4s V %-4s %-10s slots: %d tokens x %d heads x %d: %7.1f us, %5.0f GB/s\n",
-              DTypeName(k_dtype), DTypeName(v_dtype), shuffled ? "shuffled" : "sequential", num_tokens,
-              g.num_kv_heads, g.head_size, us, bytes / us / 1e3);
+              DTypeName(k_dtype), DTypeName(v_dtype), shuffled ? "shuffled" : "sequential",
+              num_tokens, g.num_kv_heads, g.head_size, us, bytes / us / 1e3);
 }
 
 // Not a test: write bandwidth (run with --gtest_also_run_disabled_tests).
@@ -573,10 +601,11 @@ TEST(CudaCopyBlocks, MatchesCpu) {
     g.k_dtype = kCacheDTypes[rng() % 5];
     g.v_dtype = kCacheDTypes[rng() % 5];
     const bool pairs_on_host = iter % 2 == 1;
-    SCOPED_TRACE(absl::StrFormat("iter %d (pairs on host %d): layers %d blocks %d block_size %d heads %d "
-                                 "head_size %d K %s V %s",
-                                 iter, pairs_on_host, g.num_layers, g.num_blocks, g.block_size,
-                                 g.num_kv_heads, g.head_size, DTypeName(g.k_dtype), DTypeName(g.v_dtype)));
+    SCOPED_TRACE(
+        absl::StrFormat("iter %d (pairs on host %d): layers %d blocks %d block_size %d heads %d "
+                        "head_size %d K %s V %s",
+                        iter, pairs_on_host, g.num_layers, g.num_blocks, g.block_size,
+                        g.num_kv_heads, g.head_size, DTypeName(g.k_dtype), DTypeName(g.v_dtype)));
     // Sources and destinations disjoint (a block copied within one call is
     // never also overwritten by it); a source may feed several copies.
     std::vector<int32_t> ids(g.num_blocks);
@@ -591,8 +620,10 @@ TEST(CudaCopyBlocks, MatchesCpu) {
     }
     const std::vector<uint8_t> poison = RandomBytes(rng, g.total_bytes());
     std::vector<uint8_t> cpu_cache = poison;
-    ASSERT_TRUE(MakeCpuBackend()->CopyBlocks(g, cpu_cache.data(), pairs.data(), num_pairs,
-                                             false, nullptr, nullptr).ok());
+    ASSERT_TRUE(
+        MakeCpuBackend()
+            ->CopyBlocks(g, cpu_cache.data(), pairs.data(), num_pairs, false, nullptr, nullptr)
+            .ok());
 
     DeviceBuffer d_cache(poison.size()), d_pairs(pairs.size() * sizeof(int32_t));
     ASSERT_TRUE(d_cache.ok() && d_pairs.ok());
@@ -603,13 +634,12 @@ TEST(CudaCopyBlocks, MatchesCpu) {
               cudaSuccess);
     const int32_t* launch_pairs =
         pairs_on_host ? pairs.data() : reinterpret_cast<const int32_t*>(d_pairs.get());
-    ASSERT_EQ(kernels::LaunchCopyBlocks(g, d_cache.get(), launch_pairs, num_pairs,
-                                        pairs_on_host, /*checked=*/nullptr, nullptr),
+    ASSERT_EQ(kernels::LaunchCopyBlocks(g, d_cache.get(), launch_pairs, num_pairs, pairs_on_host,
+                                        /*checked=*/nullptr, nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint8_t> gpu_cache(poison.size());
-    ASSERT_EQ(cudaMemcpy(gpu_cache.data(), d_cache.get(), gpu_cache.size(),
-                         cudaMemcpyDeviceToHost),
+    ASSERT_EQ(cudaMemcpy(gpu_cache.data(), d_cache.get(), gpu_cache.size(), cudaMemcpyDeviceToHost),
               cudaSuccess);
     ExpectSameBytes(g, cpu_cache, gpu_cache);
     if (HasFailure()) return;
@@ -626,8 +656,7 @@ TEST(CudaCopyBlocks, NoPairsIsANoOp) {
   g.head_size = 64;
   EXPECT_EQ(kernels::LaunchCopyBlocks(g, nullptr, nullptr, 0, false, nullptr, nullptr),
             cudaSuccess);
-  EXPECT_EQ(kernels::LaunchCopyBlocks(g, nullptr, nullptr, 0, true, nullptr, nullptr),
-            cudaSuccess);
+  EXPECT_EQ(kernels::LaunchCopyBlocks(g, nullptr, nullptr, 0, true, nullptr, nullptr), cudaSuccess);
 }
 
 #else  // !KVPAGE_HAVE_CUDA
