@@ -329,12 +329,13 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   // Per token of the tile: where its K row, V row and scale entries start
   // (byte offsets in the K data, the V data and entry indices; -1: the
   // token writes nothing) and its slot's offset in the block; the V word
-  // runs (bit j: token j starts a run / lies in one); its codes and scales.
+  // runs (bit j: token j starts a run / lies in one / writes at all); its
+  // codes and scales.
   __shared__ int64_t s_k_row[kTileTokens];
   __shared__ int64_t s_v_row[kTileTokens];
   __shared__ int64_t s_entry[kTileTokens];
   __shared__ int32_t s_off[kTileTokens];
-  __shared__ uint32_t s_runs[2];
+  __shared__ uint32_t s_runs[3];
   __shared__ uint32_t s_scale[2][kTileTokens];
   __shared__ __align__(16) uint8_t s_k[kTileTokens][L::kKRowPitch];
   __shared__ __align__(8)
@@ -372,6 +373,7 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
       start = start && tid + j < kTileTokens && next == slot + j;
     }
     const uint32_t starts = __ballot_sync(kFullWarp, start);
+    const uint32_t written_tokens = __ballot_sync(kFullWarp, slot >= 0);
     uint32_t members = 0;
 #pragma unroll
     for (int j = 0; j < W; ++j) members |= starts << j;
@@ -394,6 +396,7 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
     if (tid == 0) {
       s_runs[0] = starts;
       s_runs[1] = members;
+      s_runs[2] = written_tokens;
     }
   }
 
@@ -448,34 +451,38 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
       }
     }
   }
-  // V: per channel, the tile's tokens in slices of W; a run is one word.
+  // V: per channel, the tile's tokens in slices of W. A slice holds at
+  // most one run start (runs are W long and disjoint): that run is one
+  // word, read straight from the stage where it starts on the slice grid
+  // (a prefill tile's usual case); tokens in no run are stored one by one.
   const uint32_t starts = s_runs[0];
-  const uint32_t members = s_runs[1];
+  const uint32_t lone = s_runs[2] & ~s_runs[1];
   const int64_t channel_stride = g.v_channel_stride();
   constexpr int kSlices = kTileTokens / W;
   for (unsigned i = tid; i < D * kSlices; i += L::kThreads) {
     const int d = i / kSlices;
     const int j0 = (i % kSlices) * W;
-    if (starts & (1u << j0)) {  // the slice is a run (a prefill's tokens)
+    if (starts & (1u << j0)) {  // the slice is one run: the common case
       *reinterpret_cast<uint32_t*>(v_data + s_v_row[j0] + d * channel_stride) =
           VStage<kVBits>::Word(s_v[d], j0, true);
       continue;
     }
-#pragma unroll 1
-    for (int j = j0; j < j0 + W; ++j) {
-      if (s_k_row[j] < 0 || (members & ~starts & (1u << j))) continue;
+    const uint32_t slice = ((1u << W) - 1u) << j0;
+    if (starts & slice) {  // a run that starts off the slice grid
+      const int j = __ffs(starts & slice) - 1;
+      *reinterpret_cast<uint32_t*>(v_data + s_v_row[j] + d * channel_stride) =
+          VStage<kVBits>::Word(s_v[d], j, false);
+    }
+    for (uint32_t rest = lone & slice; rest != 0; rest &= rest - 1) {
+      const int j = __ffs(rest) - 1;
       uint8_t* const dst = v_data + s_v_row[j] + d * channel_stride;
-      if (starts & (1u << j)) {
-        *reinterpret_cast<uint32_t*>(dst) = VStage<kVBits>::Word(s_v[d], j, false);
+      const uint16_t code = s_v[d][j];
+      if (kVBits == 16) {
+        *reinterpret_cast<uint16_t*>(dst) = code;  // little-endian, as the CPU
+      } else if (kVBits == 8) {
+        *dst = static_cast<uint8_t>(code);
       } else {
-        const uint16_t code = s_v[d][j];
-        if (kVBits == 16) {
-          *reinterpret_cast<uint16_t*>(dst) = code;  // little-endian, as the CPU
-        } else if (kVBits == 8) {
-          *dst = static_cast<uint8_t>(code);
-        } else {
-          StoreNibble(dst, g.v_shift(s_off[j]), code);
-        }
+        StoreNibble(dst, g.v_shift(s_off[j]), code);
       }
     }
   }
