@@ -45,12 +45,6 @@ namespace kvpage {
 namespace kernels {
 namespace {
 
-struct WriteArgs {
-  WriteParams p;
-  bool key_vec;    // key rows allow 16-byte vector loads
-  bool value_vec;  // value rows allow 16-byte vector loads
-};
-
 // Input element types: raw storage and the exact conversion to FP32.
 template <typename T>
 struct Input;
@@ -119,10 +113,12 @@ struct RawRow {
 };
 
 // Loads this lane's elements of row `src` (head_size channels): 16-byte
-// streaming loads where the row allows them (`vec`), else element by
-// element. Groups past head_size hold zeros (never used).
-template <typename Tag, int kLanes>
-__device__ __forceinline__ void LoadRow(const void* src, int head_size, bool vec, int lane,
+// streaming loads where the rows allow them (kVecLoads), else element by
+// element. Groups past head_size hold zeros (never used). A template
+// argument, not a run-time flag: as a flag, the element loads stayed in
+// the vector path as predicated-off instructions (~10% of the kernel's).
+template <bool kVecLoads, typename Tag, int kLanes>
+__device__ __forceinline__ void LoadRow(const void* src, int head_size, int lane,
                                         RawRow<Tag, kLanes>* out) {
   using L = RowLayout<Tag, kLanes>;
   using Raw = typename L::Raw;
@@ -132,7 +128,7 @@ __device__ __forceinline__ void LoadRow(const void* src, int head_size, bool vec
     const int d0 = (lane + kLanes * j) * L::kVec;
     out->group[j] = make_uint4(0, 0, 0, 0);
     if (d0 >= head_size) continue;
-    if (vec) {
+    if (kVecLoads) {
       out->group[j] = __ldcs(reinterpret_cast<const uint4*>(row + d0));
       continue;
     }
@@ -316,15 +312,15 @@ __device__ __forceinline__ int64_t TokenSlot(const WriteParams& p, int64_t t, in
   return -1;
 }
 
-// kVBits: the V dtype's bits (16, 8, 4); run-time values elsewhere.
-template <typename Tag, int kLanes, int kVBits>
+// kVBits: the V dtype's bits (16, 8, 4); kVecLoads: both inputs' rows
+// allow 16-byte loads; run-time values elsewhere.
+template <typename Tag, int kLanes, int kVBits, bool kVecLoads>
 __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
                                   MinBlocksPerSm<RowLayout<Tag, kLanes>::kThreads>())
-    CacheWriteKernel(const WriteArgs args) {
+    CacheWriteKernel(const WriteParams p) {
   using L = RowLayout<Tag, kLanes>;
   using Raw = typename L::Raw;
   constexpr int W = 32 / kVBits;  // tokens per V word
-  const WriteParams& p = args.p;
   const CacheGeometry& g = p.geo;
   // Per token of the tile: where its K row, V row and scale entries start
   // (byte offsets in the K data, the V data and entry indices; -1: the
@@ -356,10 +352,10 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   RawRow<Tag, kLanes> key_row, value_row;
   const int64_t t = t0 + k;
   if (t < p.num_tokens) {
-    LoadRow(static_cast<const Raw*>(p.key) + t * p.key_stride + head_offset, D, args.key_vec, lane,
-            &key_row);
-    LoadRow(static_cast<const Raw*>(p.value) + t * p.value_stride + head_offset, D, args.value_vec,
-            lane, &value_row);
+    LoadRow<kVecLoads>(static_cast<const Raw*>(p.key) + t * p.key_stride + head_offset, D, lane,
+                       &key_row);
+    LoadRow<kVecLoads>(static_cast<const Raw*>(p.value) + t * p.value_stride + head_offset, D, lane,
+                       &value_row);
   }
   const bool written = TokenSlot(p, t, num_slots, false) >= 0;
   if (tid < kTileTokens) {
@@ -502,36 +498,41 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
 
 bool Aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
-template <typename Tag, int kLanes, int kVBits>
-int Launch(const WriteArgs& args, cudaStream_t stream) {
-  const int64_t tiles = (int64_t{args.p.num_tokens} + kTileTokens - 1) / kTileTokens;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(args.p.geo.num_kv_heads));
-  CacheWriteKernel<Tag, kLanes, kVBits>
-      <<<grid, RowLayout<Tag, kLanes>::kThreads, 0, stream>>>(args);
+template <typename Tag, int kLanes, int kVBits, bool kVecLoads>
+int Launch(const WriteParams& p, cudaStream_t stream) {
+  const int64_t tiles = (int64_t{p.num_tokens} + kTileTokens - 1) / kTileTokens;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.geo.num_kv_heads));
+  CacheWriteKernel<Tag, kLanes, kVBits, kVecLoads>
+      <<<grid, RowLayout<Tag, kLanes>::kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-template <typename Tag, int kLanes>
-int LaunchForVBits(const WriteArgs& args, cudaStream_t stream) {
-  switch (args.p.geo.v_bits()) {
+template <typename Tag, int kLanes, bool kVecLoads>
+int LaunchForVBits(const WriteParams& p, cudaStream_t stream) {
+  switch (p.geo.v_bits()) {
     case 16:
-      return Launch<Tag, kLanes, 16>(args, stream);
+      return Launch<Tag, kLanes, 16, kVecLoads>(p, stream);
     case 8:
-      return Launch<Tag, kLanes, 8>(args, stream);
+      return Launch<Tag, kLanes, 8, kVecLoads>(p, stream);
     case 4:
-      return Launch<Tag, kLanes, 4>(args, stream);
+      return Launch<Tag, kLanes, 4, kVecLoads>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-// The one dispatch point: input dtype, lanes per row (from the head size)
-// and the V word's packing become template arguments.
+// The one dispatch point: input dtype, lanes per row (from the head size),
+// the V word's packing and the input rows' alignment become template
+// arguments.
 template <typename Tag>
-int LaunchForInput(const WriteArgs& args, cudaStream_t stream) {
-  return args.p.geo.head_size <= RowLayout<Tag, 8>::kMaxHeadSize
-             ? LaunchForVBits<Tag, 8>(args, stream)
-             : LaunchForVBits<Tag, 16>(args, stream);
+int LaunchForInput(const WriteParams& p, bool vec_loads, cudaStream_t stream) {
+  const bool narrow = p.geo.head_size <= RowLayout<Tag, 8>::kMaxHeadSize;
+  if (vec_loads) {
+    return narrow ? LaunchForVBits<Tag, 8, true>(p, stream)
+                  : LaunchForVBits<Tag, 16, true>(p, stream);
+  }
+  return narrow ? LaunchForVBits<Tag, 8, false>(p, stream)
+                : LaunchForVBits<Tag, 16, false>(p, stream);
 }
 
 }  // namespace
@@ -547,20 +548,18 @@ int LaunchCacheWrite(const WriteParams& params, void* stream) {
     return cudaErrorInvalidValue;
   }
   const int in_bytes = params.input_dtype == DType::kFP32 ? 4 : 2;
-  WriteArgs args;
-  args.p = params;
   // Rows start at t * stride + h * head_size elements and head_size is a
   // multiple of 16, so 16-byte loads need an aligned base and stride.
-  args.key_vec = Aligned(params.key, 16) && (params.key_stride * in_bytes) % 16 == 0;
-  args.value_vec = Aligned(params.value, 16) && (params.value_stride * in_bytes) % 16 == 0;
+  const bool vec_loads = Aligned(params.key, 16) && (params.key_stride * in_bytes) % 16 == 0 &&
+                         Aligned(params.value, 16) && (params.value_stride * in_bytes) % 16 == 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (params.input_dtype) {
     case DType::kFP32:
-      return LaunchForInput<float>(args, s);
+      return LaunchForInput<float>(params, vec_loads, s);
     case DType::kFP16:
-      return LaunchForInput<HalfTag>(args, s);
+      return LaunchForInput<HalfTag>(params, vec_loads, s);
     case DType::kBF16:
-      return LaunchForInput<Bf16Tag>(args, s);
+      return LaunchForInput<Bf16Tag>(params, vec_loads, s);
     default:
       return cudaErrorInvalidValue;
   }
