@@ -101,6 +101,13 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
 
 int32_t MaxPartitionSize(bool tensor_cores) { return tensor_cores ? 2048 : 512; }
 
+int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores) {
+  if (tensor_cores) {
+    return decode::TcMinBlocksPerSm(geo.k_dtype, geo.head_size, decode::TcColumnTiles(rows));
+  }
+  return rows <= 1 ? decode::kMinBlocksPerSmOneRow : decode::kMinBlocksPerSm;
+}
+
 size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size,
                          bool tensor_cores) {
   if (rows < 1) rows = 1;

@@ -64,6 +64,10 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
 // per-block prologue (block ids, scale records, q operands) better.
 int32_t MaxPartitionSize(bool tensor_cores);
 
+// Partition blocks one SM keeps resident for that kernel (its launch
+// bounds): the host sizes partitions so that the grid fills whole waves.
+int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores);
+
 // Dynamic shared memory the chosen partition kernel needs for `rows` query
 // rows per block (num_q_heads / num_kv_heads * max_query_len) and
 // `partition_size` tokens; the host picks the largest partition size whose

@@ -144,10 +144,20 @@ class CudaBackend final : public Backend {
     return path;
   }
 
-  // Partition size: the largest of MaxPartitionSize..32 (2048 for the
-  // tensor-core kernel, 512 for the thread-group one) whose shared memory fits, then
-  // halved while the capacity's grid would leave SMs idle (small batches
-  // of long sequences want more partitions). Depends on capacities only.
+  // Partition size: at most the largest of MaxPartitionSize..32 (2048 for
+  // the tensor-core kernel, 512 for the thread-group one) whose shared
+  // memory fits; of that and its halves down to 64, the one whose
+  // capacity grid runs fastest by a wave model: blocks run in waves of
+  // SMs x resident blocks, each wave as long as a partition plus a fixed
+  // per-block cost (prologue, partial results), so a grid that spills a
+  // few blocks into one more wave pays a whole wave (a batch of 128
+  // sequences of 8192 tokens, 2048-token partitions: 512 blocks on 396
+  // slots, two waves for 1.3 waves of work). The per-block cost, in
+  // tokens of partition, is fitted to H200 runs (docs/PERF_NOTES.md,
+  // "Partition size by waves"): 128 picked 1024-token partitions at 5.2
+  // waves of 2048 and lost 3%; 256 keeps every measured choice. Depends on
+  // capacities only.
+  static constexpr double kPartitionOverheadTokens = 256;
   DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
     DecodeShape s;
     s.max_num_seqs = cap.max_num_seqs;
@@ -160,7 +170,19 @@ class CudaBackend final : public Backend {
     auto blocks = [&](int32_t part) {
       return int64_t{cap.max_num_seqs} * geo.num_kv_heads * ((cap.max_context_len + part - 1) / part);
     };
-    while (p > 64 && blocks(p) < 2 * int64_t{num_sms_}) p /= 2;
+    const int64_t slots =
+        std::max<int64_t>(1, int64_t{num_sms_} * kernels::DecodeBlocksPerSm(geo, rows, tc));
+    int32_t best = p;
+    double best_cost = 0;
+    for (int32_t q = p; q >= 64; q /= 2) {
+      const int64_t waves = (blocks(q) + slots - 1) / slots;
+      const double cost = static_cast<double>(waves) * (q + kPartitionOverheadTokens);
+      if (q == p || cost < best_cost) {  // ties keep the longer partition
+        best = q;
+        best_cost = cost;
+      }
+    }
+    p = best;
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
     return s;
