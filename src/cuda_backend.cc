@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "src/backend.h"
+#include "src/decode_partition.h"
 #include "src/status.h"
 
 #if KVPAGE_HAVE_CUDA
@@ -28,8 +29,8 @@ absl::Status CudaError(cudaError_t e, const char* what) {
     cudaGetLastError();  // not sticky: clear it so later calls are unaffected
     return OutOfMemory(kvpage::StrFormat("%s: %s", what, cudaGetErrorString(e)));
   }
-  return DeviceError(kvpage::StrFormat("%s: %s (%s)", what, cudaGetErrorString(e),
-                                     cudaGetErrorName(e)));
+  return DeviceError(
+      kvpage::StrFormat("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
 // Makes `ordinal` the current device for a scope and restores the caller's.
@@ -53,8 +54,8 @@ class DeviceGuard {
   absl::Status status_;
 };
 
-#define KVP_CUDA_GUARD(ordinal)              \
-  DeviceGuard kvp_guard_(ordinal);           \
+#define KVP_CUDA_GUARD(ordinal)    \
+  DeviceGuard kvp_guard_(ordinal); \
   KVP_RETURN_IF_ERROR(kvp_guard_.status())
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
@@ -70,9 +71,9 @@ class CudaBackend final : public Backend {
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     KVP_CUDA_GUARD(ordinal_);
     void* p = nullptr;
-    KVP_RETURN_IF_ERROR(CudaError(cudaMalloc(&p, bytes),
-                                  kvpage::StrFormat("cudaMalloc(%d bytes) on device %d", bytes,
-                                                  ordinal_).c_str()));
+    KVP_RETURN_IF_ERROR(
+        CudaError(cudaMalloc(&p, bytes),
+                  kvpage::StrFormat("cudaMalloc(%d bytes) on device %d", bytes, ordinal_).c_str()));
     return p;
   }
   void Free(void* ptr) override {
@@ -144,20 +145,11 @@ class CudaBackend final : public Backend {
     return path;
   }
 
-  // Partition size: at most the largest of MaxPartitionSize..32 (2048 for
-  // the tensor-core kernel, 512 for the thread-group one) whose shared
-  // memory fits; of that and its halves down to 64, the one whose
-  // capacity grid runs fastest by a wave model: blocks run in waves of
-  // SMs x resident blocks, each wave as long as a partition plus a fixed
-  // per-block cost (prologue, partial results), so a grid that spills a
-  // few blocks into one more wave pays a whole wave (a batch of 128
-  // sequences of 8192 tokens, 2048-token partitions: 512 blocks on 396
-  // slots, two waves for 1.3 waves of work). The per-block cost, in
-  // tokens of partition, is fitted to H200 runs (docs/PERF_NOTES.md,
-  // "Partition size by waves"): 128 picked 1024-token partitions at 5.2
-  // waves of 2048 and lost 3%; 256 keeps every measured choice. Depends on
+  // Partition size: the largest of MaxPartitionSize..32 (2048 for the
+  // tensor-core kernel, 512 for the thread-group one) whose shared memory
+  // fits, or a half of it, by the wave model of src/decode_partition.h with
+  // this device's SMs and the kernel's resident blocks. Depends on
   // capacities only.
-  static constexpr double kPartitionOverheadTokens = 256;
   DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
     DecodeShape s;
     s.max_num_seqs = cap.max_num_seqs;
@@ -167,22 +159,9 @@ class CudaBackend final : public Backend {
     const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
     int32_t p = kernels::MaxPartitionSize(tc);
     while (p > 32 && kernels::DecodeSharedBytes(geo, rows, p, tc) > max_shared_per_block_) p /= 2;
-    auto blocks = [&](int32_t part) {
-      return int64_t{cap.max_num_seqs} * geo.num_kv_heads * ((cap.max_context_len + part - 1) / part);
-    };
-    const int64_t slots =
-        std::max<int64_t>(1, int64_t{num_sms_} * kernels::DecodeBlocksPerSm(geo, rows, tc));
-    int32_t best = p;
-    double best_cost = 0;
-    for (int32_t q = p; q >= 64; q /= 2) {
-      const int64_t waves = (blocks(q) + slots - 1) / slots;
-      const double cost = static_cast<double>(waves) * (q + kPartitionOverheadTokens);
-      if (q == p || cost < best_cost) {  // ties keep the longer partition
-        best = q;
-        best_cost = cost;
-      }
-    }
-    p = best;
+    const int64_t slots = int64_t{num_sms_} * kernels::DecodeBlocksPerSm(geo, rows, tc);
+    p = PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads, cap.max_context_len,
+                             slots);
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
     return s;
@@ -195,8 +174,8 @@ class CudaBackend final : public Backend {
   };
   static WorkspaceLayout Layout(const CacheGeometry& geo, const DecodeCapacity& cap,
                                 const DecodeShape& s) {
-    const int64_t rows = int64_t{s.max_num_seqs} * s.max_query_len * cap.num_q_heads *
-                         s.max_partitions;
+    const int64_t rows =
+        int64_t{s.max_num_seqs} * s.max_query_len * cap.num_q_heads * s.max_partitions;
     WorkspaceLayout l;
     l.max_offset = AlignUp(rows * geo.head_size * int64_t{sizeof(float)}, kRegionAlignment);
     l.sum_offset = l.max_offset + AlignUp(rows * int64_t{sizeof(float)}, kRegionAlignment);
@@ -204,8 +183,7 @@ class CudaBackend final : public Backend {
     return l;
   }
 
-  size_t DecodeWorkspaceBytes(const CacheGeometry& geo,
-                              const DecodeCapacity& cap) const override {
+  size_t DecodeWorkspaceBytes(const CacheGeometry& geo, const DecodeCapacity& cap) const override {
     return static_cast<size_t>(Layout(geo, cap, Shape(geo, cap)).bytes);
   }
 
@@ -262,19 +240,19 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal) {
         "config->device_ordinal = %d, but %d CUDA device(s) are present", ordinal, count));
   }
   int num_sms = 0, smem_optin = 0;
-  KVP_RETURN_IF_ERROR(CudaError(
-      cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, ordinal),
-      "cudaDeviceGetAttribute(MultiProcessorCount)"));
+  KVP_RETURN_IF_ERROR(
+      CudaError(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, ordinal),
+                "cudaDeviceGetAttribute(MultiProcessorCount)"));
   KVP_RETURN_IF_ERROR(CudaError(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal),
       "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
   return std::unique_ptr<Backend>(
       new CudaBackend(ordinal, num_sms, static_cast<size_t>(smem_optin)));
 #else
-  return Unsupported(kvpage::StrFormat(
-      "device_kind = KVP_DEVICE_CUDA (ordinal %d), but this build has no CUDA "
-      "backend (configure with KVPAGE_CUDA=ON and a CUDA toolkit)",
-      ordinal));
+  return Unsupported(
+      kvpage::StrFormat("device_kind = KVP_DEVICE_CUDA (ordinal %d), but this build has no CUDA "
+                        "backend (configure with KVPAGE_CUDA=ON and a CUDA toolkit)",
+                        ordinal));
 #endif
 }
 

@@ -1,0 +1,44 @@
+// The split-K partition size of a decode, chosen by a wave model: plain
+// host arithmetic, so that it is unit-tested on any machine (the CUDA
+// backend calls it with its device's figures).
+#ifndef KVPAGE_SRC_DECODE_PARTITION_H_
+#define KVPAGE_SRC_DECODE_PARTITION_H_
+
+#include <algorithm>
+#include <cstdint>
+
+namespace kvpage {
+
+// A partition block's fixed cost (prologue, partial results), in tokens of
+// partition, fitted to H200 runs (docs/PERF_NOTES.md, "Partition size by
+// waves"): 128 picked 1024-token partitions at 5.2 waves of 2048 and lost
+// 3%; 256 keeps every measured choice.
+constexpr double kPartitionOverheadTokens = 256;
+
+// Of `largest` and its halves down to 64, the partition size whose grid of
+// grid_rows x ceil(max_context_len / p) blocks runs fastest when blocks run
+// in waves of `slots` (SMs x resident blocks), each wave as long as a
+// partition plus the per-block cost: a grid that spills a few blocks into
+// one more wave pays a whole wave (128 sequences of 8192 tokens in
+// 2048-token partitions: 512 blocks on 396 slots, two waves for 1.3 waves
+// of work). Ties keep the longer partition; `largest` under 64 is kept.
+inline int32_t PartitionSizeByWaves(int32_t largest, int64_t grid_rows, int32_t max_context_len,
+                                    int64_t slots) {
+  slots = std::max<int64_t>(1, slots);
+  int32_t best = largest;
+  double best_cost = 0;
+  for (int32_t p = largest; p >= 64; p /= 2) {
+    const int64_t blocks = grid_rows * ((int64_t{max_context_len} + p - 1) / p);
+    const int64_t waves = (blocks + slots - 1) / slots;
+    const double cost = static_cast<double>(waves) * (p + kPartitionOverheadTokens);
+    if (p == largest || cost < best_cost) {
+      best = p;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+}  // namespace kvpage
+
+#endif  // KVPAGE_SRC_DECODE_PARTITION_H_

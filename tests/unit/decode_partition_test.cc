@@ -1,0 +1,64 @@
+// The decode's partition size by the wave model (src/decode_partition.h),
+// on the cases it was fitted to (docs/PERF_NOTES.md, "Partition size by
+// waves": an H200, 132 SMs) and on its invariants.
+#include "src/decode_partition.h"
+
+#include <cstdint>
+#include <random>
+
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+
+namespace kvpage {
+namespace {
+
+constexpr int64_t kSms = 132;
+
+// The seed shape (one KV head, 8192 tokens) at the measured batch sizes,
+// with the tensor-core kernel's resident blocks (3 for 16/8-bit caches,
+// 2 for INT4) and 2048-token partitions at most.
+TEST(DecodePartition, SeedShapeChoicesMeasuredOnTheH200) {
+  struct Case {
+    int64_t seqs;
+    int64_t blocks_per_sm;
+    int32_t want;
+  };
+  const Case cases[] = {
+      {32, 3, 1024},  {64, 3, 2048}, {128, 3, 1024}, {256, 3, 2048},
+      {512, 3, 2048}, {32, 2, 1024}, {64, 2, 2048},  {512, 2, 2048},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrFormat("%d sequences, %d blocks per SM", c.seqs, c.blocks_per_sm));
+    EXPECT_EQ(PartitionSizeByWaves(2048, c.seqs, 8192, kSms * c.blocks_per_sm), c.want);
+  }
+  // GQA 32/8 (8 KV heads, 64 sequences): 2048 blocks of 2048 tokens, kept.
+  EXPECT_EQ(PartitionSizeByWaves(2048, 64 * 8, 8192, kSms * 3), 2048);
+  // GQA 8/2 (group 4: 2 KV heads): 512 blocks on 396 slots, halved.
+  EXPECT_EQ(PartitionSizeByWaves(2048, 64 * 2, 8192, kSms * 3), 1024);
+}
+
+// Whatever the inputs: a power-of-two fraction of `largest`, never under
+// 64 unless `largest` is.
+TEST(DecodePartition, Invariants) {
+  std::mt19937 rng(std::random_device{}());
+  for (int i = 0; i < 20000; ++i) {
+    const int32_t largest = int32_t{32} << (rng() % 7);  // 32 .. 2048
+    const int64_t rows = 1 + rng() % 4096;
+    const int32_t context = 1 + static_cast<int32_t>(rng() % 131072);
+    const int64_t slots = static_cast<int64_t>(rng() % 2000);  // 0 counts as 1
+    SCOPED_TRACE(
+        absl::StrFormat("largest %d rows %d context %d slots %d", largest, rows, context, slots));
+    const int32_t p = PartitionSizeByWaves(largest, rows, context, slots);
+    ASSERT_LE(p, largest);
+    ASSERT_EQ(largest % p, 0);
+    ASSERT_EQ(p & (p - 1), 0);
+    if (largest >= 64) {
+      ASSERT_GE(p, 64);
+    } else {
+      ASSERT_EQ(p, largest);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvpage
