@@ -26,8 +26,11 @@
 // set own bits; the bits are disjoint, so the result does not depend on the
 // interleaving). A word is never written both ways: a run owns all of its
 // slots (slots within one call are distinct).
-// Dtypes other than the input's are run-time values; every branch on them
-// is warp-uniform.
+// Template arguments: the input dtype, lanes per token (head size), the V
+// word's width (V bits) and whether the input rows allow 16-byte loads; the
+// K and V dtypes themselves are run-time values, every branch on them
+// warp-uniform. Where the cache stores the input's own 16-bit format, a
+// finite row's codes are its bits (the 16-bit-V kernels only).
 #include <cuda_runtime.h>
 
 #include <climits>
