@@ -140,15 +140,15 @@ __device__ __forceinline__ void LoadRow(const void* src, int head_size, int lane
     const int d0 = (lane + kLanes * j) * L::kVec;
     out->group[j] = make_uint4(0, 0, 0, 0);
     if (d0 >= head_size) continue;
-    if (kVecLoads) {
+    if constexpr (kVecLoads) {
       out->group[j] = __ldcs(reinterpret_cast<const uint4*>(row + d0));
-      continue;
-    }
-    Raw raw[L::kVec];
+    } else {
+      Raw raw[L::kVec];
 #pragma unroll
-    for (int e = 0; e < L::kVec; ++e) raw[e] = row[d0 + e];
-    static_assert(sizeof(raw) == sizeof(uint4), "one 16-byte group");
-    memcpy(&out->group[j], raw, sizeof(raw));
+      for (int e = 0; e < L::kVec; ++e) raw[e] = row[d0 + e];
+      static_assert(sizeof(raw) == sizeof(uint4), "one 16-byte group");
+      memcpy(&out->group[j], raw, sizeof(raw));
+    }
   }
 }
 
@@ -171,12 +171,12 @@ __device__ __forceinline__ void RowToFloat(const RawRow<Tag, kLanes>& row,
 // (counted), divided by the smoothing vector when kSmooth; invalid
 // elements become NaN (never counted; the quantizer's min/max reductions
 // skip them). Returns the smoothing-overflow bits.
-template <bool kSmooth, int kLanes, int N, typename Layout>
+template <bool kSmooth, typename Layout>
 __device__ __forceinline__ uint32_t PrepareRow(uint32_t valid, const float* lambda, int lane,
-                                               float (&x)[N], LaneStats* stats) {
+                                               float (&x)[Layout::kPerLane], LaneStats* stats) {
   uint32_t overflow = 0;
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
+  for (int i = 0; i < Layout::kPerLane; ++i) {
     const bool ok = (valid >> i) & 1u;
     const float l = kSmooth && ok ? __ldg(lambda + Layout::Channel(lane, i)) : 1.0f;
     bool o;
@@ -218,9 +218,8 @@ __device__ __forceinline__ void QuantizeRow(const RawRow<Tag, kLanes>& row, uint
   }
   uint32_t overflow = 0;
   if (!prepared) {
-    overflow = lambda != nullptr
-                   ? PrepareRow<true, kLanes, L::kPerLane, L>(valid, lambda, lane, x, stats)
-                   : PrepareRow<false, kLanes, L::kPerLane, L>(valid, lambda, lane, x, stats);
+    overflow = lambda != nullptr ? PrepareRow<true, L>(valid, lambda, lane, x, stats)
+                                 : PrepareRow<false, L>(valid, lambda, lane, x, stats);
   }
   QuantizeLaneGroupVector<kLanes>(dtype, x, overflow, valid, codes, scale, min, stats);
 }

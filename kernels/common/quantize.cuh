@@ -146,6 +146,16 @@ struct ScaleDivisor {
   }
 };
 
+// The byte of an INT8 code from an integral value in [-127, 127].
+__device__ __forceinline__ uint32_t Int8Bits(float r) {
+  return static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(r)));
+}
+// The byte of an FP8 E4M3 code: the hardware conversion (round half to
+// even, saturating to 448).
+__device__ __forceinline__ uint32_t Fp8Bits(float q) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
+}
+
 // Step 3, one element of INT8: RNE(v / s) clipped to +-127.
 __device__ __forceinline__ uint32_t Int8Code(float v, const ScaleDivisor& s, bool uncounted,
                                              LaneStats* stats) {
@@ -153,7 +163,7 @@ __device__ __forceinline__ uint32_t Int8Code(float v, const ScaleDivisor& s, boo
   const bool clipped = fabsf(r) > 127.0f;
   CountClip(clipped, uncounted, stats);
   if (clipped) r = copysignf(127.0f, r);
-  return static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(r)));
+  return Int8Bits(r);
 }
 
 // Step 3, one element of FP8 E4M3: the hardware conversion (round half to
@@ -163,8 +173,7 @@ __device__ __forceinline__ uint32_t Fp8Code(float v, const ScaleDivisor& s, bool
                                             LaneStats* stats) {
   const float q = s.Divide<true, false>(v);
   CountClip(fabsf(q) > 464.0f, uncounted, stats);
-  return static_cast<uint8_t>(
-      __nv_cvt_float_to_fp8(q, __NV_SATFINITE, __NV_E4M3));
+  return Fp8Bits(q);
 }
 
 // Step 4, one element of INT4: RNE((v - m) / s) clipped to [0, 15].
@@ -244,16 +253,10 @@ __device__ __forceinline__ void QuantizeLaneGroupVector(
       // division and the conversion.
       if (int8) {
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-          codes[i] = static_cast<uint8_t>(
-              static_cast<int8_t>(static_cast<int>(rintf(s.Divide<false, false>(v[i])))));
-        }
+        for (int i = 0; i < N; ++i) codes[i] = Int8Bits(rintf(s.Divide<false, false>(v[i])));
       } else {
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-          codes[i] = static_cast<uint8_t>(
-              __nv_cvt_float_to_fp8(s.Divide<true, false>(v[i]), __NV_SATFINITE, __NV_E4M3));
-        }
+        for (int i = 0; i < N; ++i) codes[i] = Fp8Bits(s.Divide<true, false>(v[i]));
       }
       return;
     }
