@@ -213,6 +213,14 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
   std::vector<float> results(static_cast<size_t>(num_rows * p.num_q_heads * D));
   std::vector<float> lses(p.lse ? static_cast<size_t>(num_rows * p.num_q_heads) : 0);
 
+  // Where element d of a token lies relative to the token's element 0 depends
+  // on d only: computed once here rather than per element and token.
+  std::vector<int64_t> k_rel(D), v_rel(D);
+  for (int d = 0; d < D; ++d) {
+    k_rel[d] = g.k_byte(0, 0, 0, d);
+    v_rel[d] = g.v_byte(0, 0, 0, d);
+  }
+
   // One work item per (sequence, KV head): dequantize its K and V once,
   // then serve every query head of the group and every query token.
   KVP_RETURN_IF_ERROR(ParallelFor(int64_t{p.num_seqs} * g.num_kv_heads, [&](int64_t item) {
@@ -220,17 +228,19 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
     const int kvh = static_cast<int>(item % g.num_kv_heads);
     const int32_t len = p.seq_lens[s];
     std::vector<double> k(static_cast<size_t>(len) * D), v(k.size());
+    std::vector<uint16_t> codes(D);
     for (int32_t j = 0; j < len; ++j) {
       const int64_t b = p.block_table[s * p.block_table_stride + j / g.block_size];
       const int off = j % g.block_size;
       const ScaleEntry ks = GetScale(k_scales, g.k_scale_byte(b, kvh, off), g.k_scale_entry_bytes());
       const ScaleEntry vs = GetScale(v_scales, g.v_scale_byte(b, kvh, off), g.v_scale_entry_bytes());
-      for (int d = 0; d < D; ++d) {
-        k[j * D + d] = DequantizeCode(
-            g.k_dtype, GetCode(k_data, g.k_byte(b, kvh, off, d), g.k_shift(d), g.k_bits()), ks);
-        v[j * D + d] = DequantizeCode(
-            g.v_dtype, GetCode(v_data, g.v_byte(b, kvh, off, d), g.v_shift(off), g.v_bits()), vs);
-      }
+      const uint8_t* k_row = k_data + g.k_byte(b, kvh, off, 0);
+      const uint8_t* v_row = v_data + g.v_byte(b, kvh, off, 0);
+      const int v_shift = g.v_shift(off);
+      for (int d = 0; d < D; ++d) codes[d] = GetCode(k_row, k_rel[d], g.k_shift(d), g.k_bits());
+      DequantizeCodes(g.k_dtype, codes.data(), D, ks, &k[j * D]);
+      for (int d = 0; d < D; ++d) codes[d] = GetCode(v_row, v_rel[d], v_shift, g.v_bits());
+      DequantizeCodes(g.v_dtype, codes.data(), D, vs, &v[j * D]);
     }
     std::vector<double> q(D), logits(std::max(len, 1)), acc(D);
     for (int gi = 0; gi < group; ++gi) {

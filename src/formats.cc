@@ -411,24 +411,39 @@ void QuantizeVector(DType dtype, const float* x, const float* smoothing, int n,
   for (int i = 0; i < n; ++i) codes[i] = 0;
 }
 
-double DequantizeCode(DType dtype, uint16_t code, ScaleEntry scale) {
+void DequantizeCodes(DType dtype, const uint16_t* codes, int n, ScaleEntry scale, double* out) {
   const double s = HalfToFloat(scale.scale);
+  // The switch sits outside the loops: the CPU decode calls this per token.
   switch (dtype) {
     case DType::kFP16:
-      return HalfToFloat(code);
+      for (int i = 0; i < n; ++i) out[i] = HalfToFloat(codes[i]);
+      return;
     case DType::kBF16:
-      return Bf16ToFloat(code);
+      for (int i = 0; i < n; ++i) out[i] = Bf16ToFloat(codes[i]);
+      return;
     case DType::kFP8E4M3:
-      return static_cast<double>(Fp8E4M3ToFloat(static_cast<uint8_t>(code))) *
-             s;
+      for (int i = 0; i < n; ++i) {
+        out[i] = static_cast<double>(Fp8E4M3ToFloat(static_cast<uint8_t>(codes[i]))) * s;
+      }
+      return;
     case DType::kINT8:
-      return static_cast<double>(static_cast<int8_t>(code & 0xFF)) * s;
-    case DType::kINT4:
-      return static_cast<double>(code & 0xF) * s + HalfToFloat(scale.min);
+      for (int i = 0; i < n; ++i) out[i] = static_cast<double>(static_cast<int8_t>(codes[i] & 0xFF)) * s;
+      return;
+    case DType::kINT4: {
+      const double m = HalfToFloat(scale.min);
+      for (int i = 0; i < n; ++i) out[i] = static_cast<double>(codes[i] & 0xF) * s + m;
+      return;
+    }
     case DType::kFP32:
       break;  // not a cache dtype
   }
-  return std::nan("");
+  for (int i = 0; i < n; ++i) out[i] = std::nan("");
+}
+
+double DequantizeCode(DType dtype, uint16_t code, ScaleEntry scale) {
+  double value;
+  DequantizeCodes(dtype, &code, 1, scale, &value);
+  return value;
 }
 
 // Internal helpers: callers (the C API) have validated that dtype is FP32,

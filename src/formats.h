@@ -84,6 +84,8 @@ void QuantizeVector(DType dtype, const float* x, const float* smoothing,
 
 // The value a stored code stands for, exactly (double holds every result).
 double DequantizeCode(DType dtype, uint16_t code, ScaleEntry scale);
+// The same for n codes sharing one scale entry (a token's row).
+void DequantizeCodes(DType dtype, const uint16_t* codes, int n, ScaleEntry scale, double* out);
 
 // Converts an input element of dtype FP32/FP16/BF16 to float (exact).
 float LoadAsFloat(DType dtype, const void* base, int64_t index);
