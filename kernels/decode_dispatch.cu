@@ -99,7 +99,10 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
   return IsQuantized(geo.k_dtype) || rows >= kTensorCoreMinRows16;
 }
 
-int32_t MaxPartitionSize(bool tensor_cores) { return tensor_cores ? 2048 : 512; }
+int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores) {
+  if (!tensor_cores) return 512;
+  return decode::TcRingStages(geo.k_dtype, geo.head_size) > 0 ? 4096 : 2048;
+}
 
 int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores) {
   if (tensor_cores) {

@@ -61,8 +61,9 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
 
 // The largest partition the host may pick for that kernel: the tensor-core
 // kernel streams a partition fast enough that a longer one amortizes its
-// per-block prologue (block ids, scale records, q operands) better.
-int32_t MaxPartitionSize(bool tensor_cores);
+// per-block prologue (block ids, scale records, q operands) better; with a
+// shared-memory ring (no per-token records staged) longer still.
+int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores);
 
 // Partition blocks one SM keeps resident for that kernel (its launch
 // bounds): the host sizes partitions so that the grid fills whole waves.

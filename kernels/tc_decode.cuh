@@ -2,11 +2,15 @@
 // multi-token queries) whose rows outrun the CUDA cores of the thread-group
 // kernel (paged_decode.cuh). Same grid, same split-K partials, same reduce
 // kernel, same graph-stable launch; Q.K^T and P.V run on mma.sync m16n8k16
-// with FP32 accumulation, K and V codes go from 16- and 8-byte loads through
-// the conversions of common/dequant.cuh straight into the operand registers
-// (no shared memory for cache data; a per-warp cp.async ring was tried on
-// the first version and measured slower, docs/PERF_NOTES.md). Block size is
-// a template argument, so every load address is a base plus an immediate.
+// with FP32 accumulation, K and V codes go through the conversions of
+// common/dequant.cuh straight into the operand registers (no round trip of
+// dequantized values through shared memory). The codes arrive either by 16-
+// and 8-byte loads into registers one step ahead, or (TcRingStages: INT4 at
+// head size 128, where the register path waited on K at every step) through
+// a per-warp cp.async ring in shared memory, two steps ahead, each lane
+// copying and reading back its own slots; the ring's stages also carry the
+// steps' scale entries. Block size is a template argument, so every load
+// address is a base plus an immediate.
 //
 // Layout. Block (p, h, s), 4 warps, K dtype T = V dtype. A pass covers 8 or
 // 16 query rows (kNT = 1 or 2 column tiles of 8); more rows take more passes.
@@ -35,10 +39,13 @@
 //                 FP16/BF16 pairs, and movmatrix transposes each 8x8 half
 //                 into a B operand: no shared memory.
 // Scales. Per-token records {k scale, v scale[, k min, v min]} staged in
-// shared memory with 16-byte loads. K: applied to the FP32 accumulator per
-// token (INT4: + min * sum(q)). V: folded into P (P' = p * vscale * 2^ev, 2^ev chosen per
-// partition from the largest V scale so that P' stays within FP16's normal
-// range); INT4's min term sum(p * vmin) is kept per row in FP32. The
+// shared memory with 16-byte loads (with a ring: each step's entries as
+// stored, in its stage). K: applied to the FP32 accumulator per
+// token (INT4: + min * sum(q)). V: folded into P (P' = p * vscale * 2^ev,
+// 2^ev chosen from the largest V scale so that P' stays within FP16's normal
+// range: per partition up front, or with a ring per warp as the steps come,
+// O rescaled by a power of two when a larger scale arrives); INT4's min term
+// sum(p * vmin) is kept per row in FP32. The
 // softmax runs in log2 units (one FFMA + EX2 a probability).
 // Codes exact. Feeding INT8/INT4 codes to the mma with the magic number's
 // bias still on (skipping one FP16 op a pair; the bias removed from the
@@ -109,6 +116,36 @@ KVP_HOST_DEVICE constexpr int TcMinBlocksPerSm(DType t, int head_size, int colum
   return t != DType::kINT4 && head_size <= 128 && column_tiles == 1 ? 3 : 2;
 }
 
+// Stages of the shared-memory ring that carries each warp's K and V codes
+// (cp.async, every lane its own slots) ahead of use, or 0: the codes go
+// through registers one step ahead. The ring keeps two steps in flight
+// while a third is consumed, and frees the registers the codes held; INT4
+// at head size 128 waited on its K codes at every step with registers
+// (ncu, docs/PERF_NOTES.md "Tensor-core path, third version"). Its 96 KB
+// leave room for two blocks per SM at partitions up to 1024 tokens.
+KVP_HOST_DEVICE constexpr int TcRingStages(DType t, int head_size) {
+  return t == DType::kINT4 && head_size <= 128 ? 3 : 0;
+}
+
+// Bytes of one ring stage of one warp: every lane's K chunks (16 bytes
+// each) and V spans (8 bytes each) of a step, slot-major, so that the 32
+// lanes' copies of one slot are adjacent (conflict-free shared loads).
+KVP_HOST_DEVICE constexpr int TcRingKSlots(DType t, int head_size) {
+  return TcStepTokens(t) / 16 * 2 * (head_size / (128 / DTypeBits(t)) / 4);
+}
+KVP_HOST_DEVICE constexpr int TcRingVSlots(int head_size) { return head_size / 16 * 2; }
+// Bytes of a token's K (or V) scale entry as stored: {scale, min} halves
+// (INT4), a scale half (INT8/FP8), none.
+KVP_HOST_DEVICE constexpr int TcEntryBytes(DType t) {
+  return t == DType::kINT4 ? 4 : IsQuantized(t) ? 2 : 0;
+}
+// A stage also carries the step's scale entries as stored, K then V, so
+// that no per-partition record table is staged (or kept) in shared memory.
+KVP_HOST_DEVICE constexpr int TcStageBytes(DType t, int head_size) {
+  return 32 * (16 * TcRingKSlots(t, head_size) + 8 * TcRingVSlots(head_size)) +
+         2 * TcStepTokens(t) * TcEntryBytes(t);
+}
+
 // Shared memory of the tensor-core kernel, in 4-byte words.
 struct TcSmemLayout {
   int blk;   // [partition_size / block_size] physical block ids
@@ -116,8 +153,13 @@ struct TcSmemLayout {
   int stat;  // [3][kWarps][pass_rows]: each warp's row max (log2 units),
              // sum(p), sum(p * vmin)
   int row;   // [pass_rows][8]: a row's merge coefficients (TcRowMerge)
-  int out;   // [kWarps][pass_rows][head_size + 4]: each warp's O, unnormalized
-             // (rows padded by 4 words: the fragment stores hit 32 banks)
+  int out;   // [kWarps][out_warp]: each warp's O, unnormalized, [pass_rows]
+             // [head_size + 4] (rows padded by 4 words: the fragment stores
+             // hit 32 banks); with a ring, inside the warp's own ring slice
+             // (written once the warp's steps are done)
+  int out_warp;
+  int ring;  // [kWarps][ring_warp]: each warp's TcRingStages stages
+  int ring_warp;
   int total;
 };
 
@@ -128,14 +170,19 @@ KVP_HOST_DEVICE constexpr TcSmemLayout MakeTcSmemLayout(const CacheGeometry &g, 
   int o = 0;
   s.blk = o;
   o += AlignWords(partition_size / g.block_size);
-  s.rec = o;
-  o += (partition_size + step - 1) / step * step * TcRecordWords(g.k_dtype);
+  s.rec = o;  // none with a ring: its stages carry the scale entries
+  if (TcRingStages(g.k_dtype, g.head_size) == 0) {
+    o += (partition_size + step - 1) / step * step * TcRecordWords(g.k_dtype);
+  }
   s.stat = o;
   o += AlignWords(3 * kWarps * pass_rows);
   s.row = o;
   o += 8 * pass_rows;
-  s.out = o;
-  o += kWarps * pass_rows * (g.head_size + 4);
+  const int out_rows = pass_rows * (g.head_size + 4);
+  s.ring = s.out = o;
+  s.ring_warp = TcRingStages(g.k_dtype, g.head_size) * TcStageBytes(g.k_dtype, g.head_size) / 4;
+  s.out_warp = s.ring_warp > out_rows ? s.ring_warp : out_rows;
+  o += kWarps * s.out_warp;
   s.total = o;
   return s;
 }
@@ -242,6 +289,10 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   constexpr bool kInt4 = T == DType::kINT4;
   constexpr int kRec = TcRecordWords(T);
   constexpr int kOutStride = D + 4;
+  constexpr int kStages = TcRingStages(T, D);
+  constexpr bool kRing = kStages > 0;
+  constexpr int kKSlots = TcRingKSlots(T, D);
+  static_assert(kKSlots == F::kTiles * 2 * kLaneChunks, "ring K slots: a lane's K chunks of a step");
   static_assert(kLaneChunks * kChunkSteps == kKSteps, "four lanes per K row");
   static_assert(D % 8 == 0 && F::kX % 8 == 0, "q is loaded eight channels at a time");
   constexpr bool kMaskV = T != DType::kINT8 && T != DType::kINT4;  // codes that can be NaN
@@ -289,15 +340,30 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   const uint8_t *k_lane_head = k_head + (k_lane % 8) * 16 + tig * (bs * 16);
   const uint8_t *v_lane_head = v_head + grp * vrow;
 
-  // Registers of one step's K and V codes. A step's loads are issued a
-  // step ahead: K once S^T of the step before has consumed its codes, V
-  // once its P.V has (the first step's right after the block ids, so that
-  // they overlap the scale records and the q operands).
-  uint4 kraw[F::kTiles][2][kLaneChunks];
-  uint2 vraw[kMTiles][2];
+  // Registers of one step's K and V codes (no ring). A step's loads are
+  // issued a step ahead: K once S^T of the step before has consumed its
+  // codes, V once its P.V has (the first step's right after the block ids,
+  // so that they overlap the scale records and the q operands).
+  uint4 kraw[kRing ? 1 : F::kTiles][2][kLaneChunks];
+  uint2 vraw[kRing ? 1 : kMTiles][2];
+  // With a ring: this lane's slots of stage `stage` (K slot (j, hh, c),
+  // V slot (i, hh)); the lane copies into and reads back only its own.
+  uint8_t *const ring = reinterpret_cast<uint8_t *>(smem + lay.ring + warp * lay.ring_warp);
+  auto k_slot = [&](int stage, int j, int hh, int c) {
+    return ring + stage * TcStageBytes(T, D) + (((j * 2 + hh) * kLaneChunks + c) * 32 + lane) * 16;
+  };
+  auto v_slot = [&](int stage, int i, int hh) {
+    return ring + stage * TcStageBytes(T, D) + 32 * 16 * kKSlots + ((i * 2 + hh) * 32 + lane) * 8;
+  };
+  // The step's scale entries: K of token t at rec_slot(stage) + t * kEntry,
+  // V after the step's K entries.
+  constexpr int kEntry = TcEntryBytes(T);
+  auto rec_slot = [&](int stage) {
+    return ring + stage * TcStageBytes(T, D) + 32 * (16 * kKSlots + 8 * TcRingVSlots(D));
+  };
   // K: the rows of S^T rows grp, grp + 8 of every tile. kFull: the step
   // ends before the sequence does (no guards).
-  auto load_k = [&](const int s0, auto full) {
+  auto load_k = [&](const int s0, const int stage, auto full) {
     constexpr bool kFull = decltype(full)::value;
     const uint8_t *kb[F::kKHalves];
 #pragma unroll
@@ -316,13 +382,17 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         const bool in = kFull || s0 + k_lane + off < st.n_valid;
 #pragma unroll
         for (int c = 0; c < kLaneChunks; ++c) {
-          kraw[j][hh][c] = in ? Load16(kp + c * chunk4) : Zero16();
+          if constexpr (kRing) {
+            CpAsync<16>(k_slot(stage, j, hh, c), kp + c * chunk4, in);
+          } else {
+            kraw[j][hh][c] = in ? Load16(kp + c * chunk4) : Zero16();
+          }
         }
       }
     }
   };
   // V: the lane's span of every channel row it holds.
-  auto load_v = [&](const int s0, auto full) {
+  auto load_v = [&](const int s0, const int stage, auto full) {
     constexpr bool kFull = decltype(full)::value;
     const int span_tok = s0 + F::kSpan * tig;
     const bool in = kFull || span_tok < st.n_valid;
@@ -334,8 +404,12 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          vraw[i][hh] = in ? __ldg(reinterpret_cast<const uint2 *>(vb + (2 * i + hh) * vrow8))
-                           : make_uint2(0u, 0u);
+          const uint8_t *vp = vb + (2 * i + hh) * vrow8;
+          if constexpr (kRing) {
+            CpAsync<8>(v_slot(stage, i, hh), vp, in);
+          } else {
+            vraw[i][hh] = in ? __ldg(reinterpret_cast<const uint2 *>(vp)) : make_uint2(0u, 0u);
+          }
         }
       }
     } else {
@@ -348,33 +422,78 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int off = (2 * i + hh) * vrow8;
-          vraw[i][hh] = make_uint2(
-              in ? __ldg(reinterpret_cast<const unsigned *>(vb + off)) : 0u,
-              in2 ? __ldg(reinterpret_cast<const unsigned *>(vb2 + off)) : 0u);
+          if constexpr (kRing) {
+            CpAsync<4>(v_slot(stage, i, hh), vb + off, in);
+            CpAsync<4>(v_slot(stage, i, hh) + 4, vb2 + off, in2);
+          } else {
+            vraw[i][hh] = make_uint2(
+                in ? __ldg(reinterpret_cast<const unsigned *>(vb + off)) : 0u,
+                in2 ? __ldg(reinterpret_cast<const unsigned *>(vb2 + off)) : 0u);
+          }
         }
       }
     }
   };
-  auto load_step = [&](const int s0, const bool with_k, const bool with_v) {
-    if (s0 >= st.n_valid) return;
-    if (s0 + kStep <= st.n_valid) {
-      if (with_k) load_k(s0, std::true_type{});
-      if (with_v) load_v(s0, std::true_type{});
-    } else {
-      if (with_k) load_k(s0, std::false_type{});
-      if (with_v) load_v(s0, std::false_type{});
+  // The step's K and V scale entries, 16 bytes a lane (the first 2 *
+  // kRecChunks lanes): chunk q covers 16 / kEntry tokens of one block.
+  constexpr int kRecChunks = kStep * kEntry / 16;
+  constexpr int kRecTokens = kEntry > 0 ? 16 / kEntry : 1;  // tokens of a chunk
+  static_assert(!kRing || (kRecChunks >= 1 && 2 * kRecChunks <= 32 && kRecTokens <= kBS),
+                "a step's scale entries: whole 16-byte chunks, one per lane at most");
+  auto load_rec = [&](const int s0, const int stage) {
+    if (lane < 2 * kRecChunks) {
+      const bool is_v = lane >= kRecChunks;
+      const int t = s0 + (lane - (is_v ? kRecChunks : 0)) * kRecTokens;
+      const bool in = t < st.n_valid;
+      const int b = in ? blk_s[t >> lbs] : 0;
+      const uint8_t *src =
+          is_v ? p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride() +
+                     int64_t{b} * g.v_scale_block_stride()
+               : p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride() +
+                     int64_t{b} * g.k_scale_block_stride();
+      CpAsync<16>(rec_slot(stage) + lane * 16, src + (t & (bs - 1)) * kEntry, in);
     }
   };
-  load_step(warp * kStep, true, true);
+  auto load_step = [&](const int s0, const int stage, const bool with_k, const bool with_v) {
+    if (s0 >= st.n_valid) return;
+    if constexpr (kRing) load_rec(s0, stage);
+    if (s0 + kStep <= st.n_valid) {
+      if (with_k) load_k(s0, stage, std::true_type{});
+      if (with_v) load_v(s0, stage, std::true_type{});
+    } else {
+      if (with_k) load_k(s0, stage, std::false_type{});
+      if (with_v) load_v(s0, stage, std::false_type{});
+    }
+  };
+  // The first steps' loads, right after the block ids: with a ring, the
+  // steps of stages 0 .. kStages - 2 (one cp.async group each, empty past
+  // the partition's end), else the first step into registers.
+  auto load_first_steps = [&]() {
+    if constexpr (kRing) {
+#pragma unroll
+      for (int i = 0; i + 1 < kStages; ++i) {
+        load_step((warp + i * kWarps) * kStep, i, true, true);
+        CpAsyncCommit();
+      }
+    } else {
+      load_step(warp * kStep, 0, true, true);
+    }
+  };
+  load_first_steps();
 
   const float *rec = smem + lay.rec;
-  const float vlargest = StageTcRecords<T, kBS>(p, st, blk_s, smem + lay.rec);
-  if (kRec != 0) atomicMax(&vmax_bits, __float_as_uint(vlargest));  // scales >= 0 order as bits
+  if constexpr (!kRing) {
+    const float vlargest = StageTcRecords<T, kBS>(p, st, blk_s, smem + lay.rec);
+    if (kRec != 0) atomicMax(&vmax_bits, __float_as_uint(vlargest));  // scales >= 0 order as bits
+  }
   __syncthreads();
   // P' = p * vscale * vfac < 2^14: inside FP16's range, and the tokens that
   // carry weight stay clear of its subnormals (16-bit caches: vscale = 1).
+  // With a ring there is no partition-wide maximum up front: each warp keeps
+  // its own factor, lowered (and its O rescaled) when a step brings a
+  // larger V scale (wexp below); vfac stays 1 there.
   float vfac = 1.0f;
-  {
+  if constexpr (!kRing) {
     const float vmax = kRec != 0 ? __uint_as_float(vmax_bits) : 1.0f;
     if (vmax > 0.0f && isfinite(vmax)) {
       int e = 0;
@@ -490,6 +609,10 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 
     float o[kMTiles][kNT][4];
     float mrun[kNT][2], lrun[kNT][2], pmrun[kNT][2];
+    // Ring: this warp's V factor 2^wexp, from the largest V scale it has
+    // seen so far (vfac's rule); wmax_e: that scale's exponent (-inf: none).
+    int wexp = 100;
+    float wmax_e = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -508,10 +631,21 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     // One step of kStep tokens from s0. kFast: every token is before the
     // sequence end and seen by every row, and there is no ALiBi or
     // soft-cap — no per-element masks, no guarded loads.
-    auto step = [&](const int s0, auto fast) {
+    auto step = [&](const int s0, const int stage, auto fast) {
       constexpr bool kFast = decltype(fast)::value;
-      const int next = s0 + kWarps * kStep;
       const int span_tok = s0 + F::kSpan * tig;
+      if constexpr (kRing) {
+        // The stage of step s0 - 1 (consumed: the barrier orders every
+        // lane's reads of its scale entries first) takes the step kStages -
+        // 1 ahead; then wait for this step's own group, and for the other
+        // lanes' (each copied some of the step's scale entries).
+        __syncwarp();
+        load_step(s0 + (kStages - 1) * kWarps * kStep, stage == 0 ? kStages - 1 : stage - 1, true,
+                  true);
+        CpAsyncCommit();
+        CpAsyncWait<kStages - 1>();
+        __syncwarp();
+      }
       // ---- S^T = K Q^T.
       // The hi and lo products of a 16-bit cache accumulate apart: two
       // independent mma chains instead of one twice as long.
@@ -529,8 +663,10 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         }
 #pragma unroll
         for (int c = 0; c < kLaneChunks; ++c) {
-          const uint4 k0 = kraw[j][0][c];
-          const uint4 k1 = kraw[j][1][c];
+          const uint4 k0 = kRing ? *reinterpret_cast<const uint4 *>(k_slot(stage, j, 0, c))
+                                 : kraw[kRing ? 0 : j][0][c];
+          const uint4 k1 = kRing ? *reinterpret_cast<const uint4 *>(k_slot(stage, j, 1, c))
+                                 : kraw[kRing ? 0 : j][1][c];
           const uint32_t w0[4] = {k0.x, k0.y, k0.z, k0.w};
           const uint32_t w1[4] = {k1.x, k1.y, k1.z, k1.w};
 #pragma unroll
@@ -558,7 +694,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         }
       }
 
-      load_step(next, true, false);  // kraw is free again
+      if constexpr (!kRing) load_step(s0 + kWarps * kStep, 0, true, false);  // kraw is free again
 
       // ---- Logits (log2 units): K scale, soft-cap, ALiBi, masks; the
       // step's row maxima. The token records serve the P stage too.
@@ -574,14 +710,28 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
           float ks = 1.0f, km = 0.0f;
           vs[j][hh] = vfac;
           vm[j][hh] = 0.0f;
-          if constexpr (kRec == 4) {
+          const bool in = kFast || tt < st.n_valid;
+          if constexpr (kRing) {
+            // Entries as stored; past the sequence end stale bytes: zeros.
+            const int ti = tt - s0;
+            uint32_t kb = 0, vb = 0;
+            if constexpr (kEntry == 4) {
+              kb = *reinterpret_cast<const uint32_t *>(rec_slot(stage) + 4 * ti);
+              vb = *reinterpret_cast<const uint32_t *>(rec_slot(stage) + kStep * 4 + 4 * ti);
+            } else {
+              kb = *reinterpret_cast<const uint16_t *>(rec_slot(stage) + 2 * ti);
+              vb = *reinterpret_cast<const uint16_t *>(rec_slot(stage) + kStep * 2 + 2 * ti);
+            }
+            const TokenScale k = TokenScaleFromBits<T>(in ? kb : 0u);
+            const TokenScale v = TokenScaleFromBits<T>(in ? vb : 0u);
+            ks = k.scale, km = k.min, vs[j][hh] = v.scale, vm[j][hh] = v.min;
+          } else if constexpr (kRec == 4) {
             const float4 r = *reinterpret_cast<const float4 *>(rec + 4 * tt);
             ks = r.x, km = r.y, vs[j][hh] = r.z * vfac, vm[j][hh] = r.w;
           } else if constexpr (kRec == 2) {
             const float2 r = *reinterpret_cast<const float2 *>(rec + 2 * tt);
             ks = r.x, vs[j][hh] = r.y * vfac;
           }
-          const bool in = kFast || tt < st.n_valid;
           const int t = st.start + tt;
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
@@ -641,6 +791,44 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         }
       }
 
+      if constexpr (kRing) {
+        // The step's largest V scale (warp-wide); a larger exponent than
+        // seen lowers this warp's factor: O rescaled by a power of two.
+        float vmax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < F::kTiles; ++j) vmax = fmaxf(vmax, fmaxf(vs[j][0], vs[j][1]));
+        vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
+        vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
+        vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
+        if (vmax > 0.0f && isfinite(vmax)) {
+          int e = 0;
+          frexpf(vmax, &e);  // vmax in [2^(e-1), 2^e)
+          if (static_cast<float>(e) > wmax_e) {
+            const int nexp = min(max(14 - e, -100), 100);
+            if (nexp != wexp) {
+              // FP16 scales have exponents -23..16: ratios of 2^-39 at least.
+              const float ratio = ldexpf(1.0f, nexp - wexp);
+#pragma unroll
+              for (int i = 0; i < kMTiles; ++i) {
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+                  for (int c = 0; c < 4; ++c) o[i][nt][c] *= ratio;
+                }
+              }
+            }
+            wmax_e = static_cast<float>(e);
+            wexp = nexp;
+          }
+        }
+        const float wfac = ldexpf(1.0f, wexp);
+#pragma unroll
+        for (int j = 0; j < F::kTiles; ++j) {
+          vs[j][0] *= wfac;
+          vs[j][1] *= wfac;
+        }
+      }
+
       // ---- P' = p * vscale * vfac as B operands (P^T), via movmatrix.
       uint32_t pb[F::kTiles][kNT][2][kParts];
 #pragma unroll
@@ -681,8 +869,10 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       // cost the FP32 accumulator the precision the output needs.
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
-        const uint2 v0 = vraw[i][0];
-        const uint2 v1 = vraw[i][1];
+        const uint2 v0 = kRing ? *reinterpret_cast<const uint2 *>(v_slot(stage, i, 0))
+                               : vraw[kRing ? 0 : i][0];
+        const uint2 v1 = kRing ? *reinterpret_cast<const uint2 *>(v_slot(stage, i, 1))
+                               : vraw[kRing ? 0 : i][1];
         const uint32_t w0[2] = {v0.x, v0.y};
         const uint32_t w1[2] = {v1.x, v1.y};
 #pragma unroll
@@ -710,17 +900,26 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
           }
         }
       }
-      load_step(next, false, true);  // vraw is free again
+      if constexpr (!kRing) load_step(s0 + kWarps * kStep, 0, false, true);  // vraw is free again
     };
 
+    int stage = 0;  // the ring stage of step s0
 #pragma unroll 1
     for (int s0 = warp * kStep; s0 < st.n_valid; s0 += kWarps * kStep) {
       const bool fast = plain && s0 + kStep <= st.n_valid && s0 >= vis_lo && s0 + kStep - 1 <= vis_hi;
       if (fast) {
-        step(s0, std::true_type{});
+        step(s0, stage, std::true_type{});
       } else {
-        step(s0, std::false_type{});
+        step(s0, stage, std::false_type{});
       }
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+    }
+    // Nothing is in flight past the last step (loads stop at n_valid), but
+    // the ring slice becomes this warp's O block below: every lane done
+    // with its slots first.
+    if constexpr (kRing) {
+      CpAsyncWait<0>();
+      __syncwarp();
     }
 
     // ---- Merge the warps, normalize, write the partials.
@@ -746,8 +945,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            wout[(warp * kPassRows + r) * kOutStride + 16 * i + grp + 8 * hh] =
-                o[i][nt][2 * hh + e];
+            wout[warp * lay.out_warp + r * kOutStride + 16 * i + grp + 8 * hh] =
+                kRing ? o[i][nt][2 * hh + e] * ldexpf(1.0f, -wexp) : o[i][nt][2 * hh + e];
           }
         }
       }
@@ -791,7 +990,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       float4 acc = make_float4(mg.add, mg.add, mg.add, mg.add);
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        const float4 v = LoadFloat4(wout + (w * kPassRows + r) * kOutStride + d);
+        const float4 v = LoadFloat4(wout + w * lay.out_warp + r * kOutStride + d);
         acc.x = fmaf(mg.coef[w], v.x, acc.x);
         acc.y = fmaf(mg.coef[w], v.y, acc.y);
         acc.z = fmaf(mg.coef[w], v.z, acc.z);
@@ -802,7 +1001,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       *reinterpret_cast<float4 *>(ws.partial_out + base * D + d) = acc;
     }
     __syncthreads();  // the next pass reuses stat / row / out
-    if (r0 + kPassRows < st.rows) load_step(warp * kStep, true, true);
+    if (r0 + kPassRows < st.rows) load_first_steps();
   }
 }
 

@@ -62,8 +62,13 @@ cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); 
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int32_t ordinal, int num_sms, size_t max_shared_per_block)
-      : ordinal_(ordinal), num_sms_(num_sms), max_shared_per_block_(max_shared_per_block) {}
+  CudaBackend(int32_t ordinal, int num_sms, size_t max_shared_per_block, size_t shared_per_sm,
+              size_t reserved_shared_per_block)
+      : ordinal_(ordinal),
+        num_sms_(num_sms),
+        max_shared_per_block_(max_shared_per_block),
+        shared_per_sm_(shared_per_sm),
+        reserved_shared_per_block_(reserved_shared_per_block) {}
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   int32_t ordinal() const override { return ordinal_; }
@@ -157,9 +162,24 @@ class CudaBackend final : public Backend {
     const int32_t rows = cap.num_q_heads / geo.num_kv_heads * cap.max_query_len;
     s.path = PathFromEnvironment();
     const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
-    int32_t p = kernels::MaxPartitionSize(tc);
-    while (p > 32 && kernels::DecodeSharedBytes(geo, rows, p, tc) > max_shared_per_block_) p /= 2;
-    const int64_t slots = int64_t{num_sms_} * kernels::DecodeBlocksPerSm(geo, rows, tc);
+    // The kernels' register budgets are cut for DecodeBlocksPerSm resident
+    // blocks: the partition's shared memory should let that many share an
+    // SM too, and must fit one block.
+    const int blocks_per_sm = kernels::DecodeBlocksPerSm(geo, rows, tc);
+    const size_t resident_budget =
+        std::min(max_shared_per_block_,
+                 shared_per_sm_ / blocks_per_sm - std::min(shared_per_sm_ / blocks_per_sm,
+                                                           reserved_shared_per_block_));
+    auto largest_fitting = [&](size_t budget) {
+      int32_t p = kernels::MaxPartitionSize(geo, tc);
+      while (p > 32 && kernels::DecodeSharedBytes(geo, rows, p, tc) > budget) p /= 2;
+      return p;
+    };
+    int32_t p = largest_fitting(resident_budget);
+    if (kernels::DecodeSharedBytes(geo, rows, p, tc) > resident_budget) {
+      p = largest_fitting(max_shared_per_block_);  // fewer blocks per SM, then
+    }
+    const int64_t slots = int64_t{num_sms_} * blocks_per_sm;
     p = PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads, cap.max_context_len,
                              slots);
     s.partition_size = p;
@@ -214,6 +234,8 @@ class CudaBackend final : public Backend {
   const int32_t ordinal_;
   const int num_sms_;
   const size_t max_shared_per_block_;
+  const size_t shared_per_sm_;              // shared memory of one SM
+  const size_t reserved_shared_per_block_;  // the system's share of it per resident block
 };
 
 }  // namespace
@@ -239,15 +261,22 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal) {
     return InvalidArgument(kvpage::StrFormat(
         "config->device_ordinal = %d, but %d CUDA device(s) are present", ordinal, count));
   }
-  int num_sms = 0, smem_optin = 0;
+  int num_sms = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0;
   KVP_RETURN_IF_ERROR(
       CudaError(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, ordinal),
                 "cudaDeviceGetAttribute(MultiProcessorCount)"));
   KVP_RETURN_IF_ERROR(CudaError(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal),
       "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
-  return std::unique_ptr<Backend>(
-      new CudaBackend(ordinal, num_sms, static_cast<size_t>(smem_optin)));
+  KVP_RETURN_IF_ERROR(CudaError(
+      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, ordinal),
+      "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)"));
+  KVP_RETURN_IF_ERROR(CudaError(
+      cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, ordinal),
+      "cudaDeviceGetAttribute(ReservedSharedMemoryPerBlock)"));
+  return std::unique_ptr<Backend>(new CudaBackend(ordinal, num_sms, static_cast<size_t>(smem_optin),
+                                                  static_cast<size_t>(smem_per_sm),
+                                                  static_cast<size_t>(smem_reserved)));
 #else
   return Unsupported(
       kvpage::StrFormat("device_kind = KVP_DEVICE_CUDA (ordinal %d), but this build has no CUDA "

@@ -82,19 +82,33 @@ __device__ __forceinline__ void LoadAsFloat8(DType dtype, const void* base, int6
 }
 
 // Asynchronous global -> shared copy of kBytes (4, 8 or 16; both addresses
-// aligned to it), bypassing registers: a warp can have many in flight and
-// wait once (CpAsyncWaitAll) before reading the shared copies (sm_80+).
+// aligned to it), bypassing registers: a warp can keep many in flight. With
+// `in` false nothing is read and the kBytes of shared memory become zeros.
+// 16-byte copies bypass L1 (.cg), smaller ones cannot.
 template <int kBytes>
-__device__ __forceinline__ void CpAsync(void* smem, const void* gmem) {
+__device__ __forceinline__ void CpAsync(void* smem, const void* gmem, bool in = true) {
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(kBytes)
-               : "memory");
+  const int src_bytes = in ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
+                 "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
 }
 
-// Waits for every cp.async this thread issued.
-__device__ __forceinline__ void CpAsyncWaitAll() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
+// Closes the group of this thread's cp.async issued since the last commit.
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most kPending of this thread's committed groups are still
+// in flight (the older ones are in shared memory, visible to this thread).
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Four consecutive floats of shared memory (16-byte aligned) in one load.

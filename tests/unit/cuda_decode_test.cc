@@ -95,6 +95,10 @@ struct Case {
   // Strides padded beyond num_q_heads * head_size.
   int q_pad = 0;
   int out_pad = 0;
+  // V magnitudes along each sequence: 0 plain; else token t's V times
+  // 2^(v_ramp * (t / len - 1/2)), the first v_zero_tokens zero (zero scales).
+  float v_ramp = 0;
+  int v_zero_tokens = 0;
   uint32_t seed = 0;
 
   std::string Describe() const {
@@ -107,7 +111,7 @@ struct Case {
        << " scale=" << sm_scale << " extra(seqs,qlen,ctx)=" << extra_seqs << "," << extra_query_len
        << "," << extra_context << " pad(q,out)=" << q_pad << "," << out_pad << " lens=[";
     for (size_t i = 0; i < lens.size(); ++i) os << (i ? "," : "") << lens[i];
-    os << "] case_seed=" << seed;
+    os << "] v_ramp=" << v_ramp << " v_zero=" << v_zero_tokens << " case_seed=" << seed;
     return os.str();
   }
 };
@@ -224,10 +228,14 @@ void RunCase(const Case &c) {
                     : geo.num_blocks + static_cast<int32_t>(rng() % 100000);
   int next = 0;
   std::vector<int64_t> slots;
+  std::vector<float> v_mag;  // per written token
   for (int s = 0; s < num_seqs; ++s) {
     for (int j = 0; j < blocks_of[s]; ++j) table[s * table_stride + j] = perm[next++];
     for (int t = 0; t < c.lens[s]; ++t) {
       slots.push_back(int64_t{table[s * table_stride + t / bs]} * bs + t % bs);
+      v_mag.push_back(t < c.v_zero_tokens ? 0.0f
+                      : c.v_ramp == 0 ? 1.0f
+                                      : std::exp2(c.v_ramp * (static_cast<float>(t) / c.lens[s] - 0.5f)));
     }
   }
 
@@ -248,7 +256,7 @@ void RunCase(const Case &c) {
       for (int d = 0; d < D; ++d) {
         const size_t i = (t * hkv + h) * D + d;
         key[i] = normal(rng) * chan[h * D + d] + offset;
-        value[i] = normal(rng);
+        value[i] = normal(rng) * v_mag[t];
       }
     }
   }
@@ -315,7 +323,7 @@ void RunCase(const Case &c) {
     h.alibi_slopes = c.alibi ? alibi.data() : nullptr;
     h.key_smoothing = c.smoothing ? smoothing.data() : nullptr;
     h.out = cpu_out.data();
-    h.lse = c.lse ? cpu_lse.data() : nullptr;
+    h.lse = cpu_lse.data();  // always: the output bound below uses it
     DecodeCapacity cap;
     cap.num_q_heads = hq;
     cap.max_num_seqs = num_seqs + c.extra_seqs;
@@ -373,11 +381,32 @@ void RunCase(const Case &c) {
   // ---- Compare.
   Tolerance tol = ToleranceFor(c.out_dtype);
   double lse_abs = 1e-3, lse_rel = 0;
-  if (c.path != DecodePath::kThreadGroup && IsQuantized(c.k) &&
-      kernels::TensorCoreDecodeSupports(geo)) {
+  const bool tc_quantized = c.path != DecodePath::kThreadGroup && IsQuantized(c.k) &&
+                            kernels::TensorCoreDecodeSupports(geo);
+  if (tc_quantized) {
     tol.row_rel = std::max(tol.row_rel, 4e-3);
+    // The tensor-core path rounds q * lambda to FP16 for quantized caches
+    // (one mma, not hi + lo): a logit error that grows with the logits.
     lse_abs = 4e-3;
-    lse_rel = 1.0 / 1024;  // the logit error grows with the logits (sm_scale)
+    lse_rel = 1.0 / 1024;
+  }
+  // The same logit error d moves an output by at most 2 d max|v| (softmax
+  // weights shift between tokens): the largest |v| of each sequence and KV
+  // head, for that part of the output bound.
+  std::vector<double> v_abs_max(static_cast<size_t>(num_seqs) * hkv, 0.0);
+  {
+    int64_t t0 = 0;
+    for (int s = 0; s < num_seqs; ++s) {
+      for (int64_t t = t0; t < t0 + c.lens[s]; ++t) {
+        for (int h = 0; h < hkv; ++h) {
+          for (int d = 0; d < D; ++d) {
+            double &m = v_abs_max[static_cast<size_t>(s) * hkv + h];
+            m = std::max(m, std::fabs(static_cast<double>(value[(t * hkv + h) * D + d])));
+          }
+        }
+      }
+      t0 += c.lens[s];
+    }
   }
   int failures = 0;
   for (int s = 0; s < num_seqs; ++s) {
@@ -394,7 +423,12 @@ void RunCase(const Case &c) {
           const int64_t idx = row * out_stride + int64_t{h} * D + dd;
           const double want = LoadAsFloat(c.out_dtype, cpu_out.data(), idx);
           const double got = LoadAsFloat(c.out_dtype, gpu_out.data(), idx);
-          const double bound = tol.row_rel * row_max + tol.elem_rel * std::fabs(want);
+          double bound = tol.row_rel * row_max + tol.elem_rel * std::fabs(want);
+          const double row_lse = cpu_lse[row * hq + h];
+          if (tc_quantized && std::isfinite(row_lse)) {
+            bound += 2 * (lse_abs + lse_rel * std::fabs(row_lse)) *
+                     v_abs_max[static_cast<size_t>(s) * hkv + h / c.group];
+          }
           const double err = std::fabs(got - want);
           if (bound > 0) {
             double &worst = g_worst_ratio[static_cast<int>(c.out_dtype)];
@@ -756,15 +790,59 @@ TEST(CudaDecode, LongContext) {
       c.group = 8;
       c.query_len = 1;
       c.out_dtype = DType::kFP32;
-      // The tensor-core path at the partition size the host picks for it
-      // (2048): the longest accumulation per warp, where a precision loss
-      // in the FP32 accumulators shows (it did once: biased V codes).
+      // The tensor-core path at the longest partition the host may pick for
+      // it (2048, 4096 with a ring): the longest accumulation per warp,
+      // where a precision loss in the FP32 accumulators shows (it did once:
+      // biased V codes).
+      CacheGeometry geo;
+      geo.head_size = c.head_size;
+      geo.k_dtype = c.k;
+      geo.v_dtype = c.v;
       c.partition_size =
-          path == DecodePath::kTensorCore ? kernels::MaxPartitionSize(true) : 256;
+          path == DecodePath::kTensorCore ? kernels::MaxPartitionSize(geo, true) : 256;
       c.lens = {33000, 1000};
       c.path = path;
       RunCase(c);
       if (HasFailure()) return;
+    }
+  }
+  PrintWorstRatios();
+}
+
+// V scales that change by orders of magnitude along a sequence, after a run
+// of zero V vectors (zero scales): the tensor-core kernels with a ring keep
+// a per-warp V factor that starts at the first nonzero scale and drops (O
+// rescaled) whenever a larger one comes; growing and shrinking ramps, at the
+// longest partition and at short ones.
+TEST(CudaDecode, VScalesAlongTheSequence) {
+  KVPAGE_REQUIRE_GPU();
+  const uint32_t seed = FreshSeed();
+  SCOPED_TRACE("seed=" + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (DType t : {DType::kINT4, DType::kINT8, DType::kFP8E4M3, DType::kBF16}) {
+    for (float ramp : {24.0f, -24.0f}) {
+      for (int bs : {8, 16, 32}) {
+        Case c;
+        c.seed = rng();
+        c.k = c.v = t;
+        c.head_size = 128;
+        c.block_size = bs;
+        c.num_kv_heads = 2;
+        c.group = 8;
+        c.query_len = 1;
+        c.out_dtype = DType::kFP32;
+        c.path = DecodePath::kTensorCore;
+        c.v_ramp = ramp;
+        c.v_zero_tokens = 300;
+        CacheGeometry geo;
+        geo.head_size = c.head_size;
+        geo.k_dtype = c.k;
+        geo.v_dtype = c.v;
+        c.partition_size = bs == 16 ? kernels::MaxPartitionSize(geo, true) : 256;
+        c.lens = {5000, 1200, 301, 64};
+        RunCase(c);
+        if (HasFailure()) return;
+      }
     }
   }
   PrintWorstRatios();
