@@ -121,8 +121,10 @@ KVP_HOST_DEVICE constexpr int TcMinBlocksPerSm(DType t, int head_size, int colum
 // through registers one step ahead. The ring keeps two steps in flight
 // while a third is consumed, and frees the registers the codes held; INT4
 // at head size 128 waited on its K codes at every step with registers
-// (ncu, docs/PERF_NOTES.md "Tensor-core path, third version"). Its 96 KB
-// leave room for two blocks per SM at partitions up to 1024 tokens.
+// (ncu, docs/PERF_NOTES.md "Tensor-core path, third version"). Its 102 KB
+// (3 stages x 4 warps x 8.5 KB) leave room for two blocks per SM at any
+// partition size: the stages carry the scale entries, so no per-partition
+// record table is staged. (Other dtypes measured slower with it.)
 KVP_HOST_DEVICE constexpr int TcRingStages(DType t, int head_size) {
   return t == DType::kINT4 && head_size <= 128 ? 3 : 0;
 }
@@ -438,7 +440,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   // kRecChunks lanes): chunk q covers 16 / kEntry tokens of one block.
   constexpr int kRecChunks = kStep * kEntry / 16;
   constexpr int kRecTokens = kEntry > 0 ? 16 / kEntry : 1;  // tokens of a chunk
-  static_assert(!kRing || (kRecChunks >= 1 && 2 * kRecChunks <= 32 && kRecTokens <= kBS),
+  static_assert(!kRing || kEntry == 0 ||
+                    (kRecChunks >= 1 && 2 * kRecChunks <= 32 && kRecTokens <= kBS),
                 "a step's scale entries: whole 16-byte chunks, one per lane at most");
   auto load_rec = [&](const int s0, const int stage) {
     if (lane < 2 * kRecChunks) {
@@ -713,14 +716,15 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
           const bool in = kFast || tt < st.n_valid;
           if constexpr (kRing) {
             // Entries as stored; past the sequence end stale bytes: zeros.
-            const int ti = tt - s0;
+            // (16-bit caches have none: TokenScaleFromBits gives 1, 0.)
             uint32_t kb = 0, vb = 0;
+            const uint8_t *entries = rec_slot(stage) + kEntry * (tt - s0);
             if constexpr (kEntry == 4) {
-              kb = *reinterpret_cast<const uint32_t *>(rec_slot(stage) + 4 * ti);
-              vb = *reinterpret_cast<const uint32_t *>(rec_slot(stage) + kStep * 4 + 4 * ti);
-            } else {
-              kb = *reinterpret_cast<const uint16_t *>(rec_slot(stage) + 2 * ti);
-              vb = *reinterpret_cast<const uint16_t *>(rec_slot(stage) + kStep * 2 + 2 * ti);
+              kb = *reinterpret_cast<const uint32_t *>(entries);
+              vb = *reinterpret_cast<const uint32_t *>(entries + kStep * 4);
+            } else if constexpr (kEntry == 2) {
+              kb = *reinterpret_cast<const uint16_t *>(entries);
+              vb = *reinterpret_cast<const uint16_t *>(entries + kStep * 2);
             }
             const TokenScale k = TokenScaleFromBits<T>(in ? kb : 0u);
             const TokenScale v = TokenScaleFromBits<T>(in ? vb : 0u);
