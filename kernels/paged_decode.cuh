@@ -785,6 +785,57 @@ __global__ void __launch_bounds__(kBlock)
   const int P = shape.partition_size;
   const int nparts = len > 0 ? min((len + P - 1) / P, shape.max_partitions) : 0;
   const int64_t base = PartialBase(p, shape, s, i, h);
+  const int64_t row = int64_t{s} * p.query_len + i;
+  // out = acc / total (sum of the weights), lse = m + log(total); total >= 1
+  // whenever anything was visible (the partition holding the maximum
+  // contributes exp(0) * sum >= 1).
+  auto store = [&](const float (&acc)[kPerThread], float total, float m) {
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int d = tid + k * kBlock;
+      if (d < D) StoreFromFloat(p.out_dtype, p.out, row * p.out_stride + int64_t{h} * D + d, acc[k] * inv);
+    }
+    if (p.lse != nullptr && tid == 0) {
+      p.lse[row * p.num_q_heads + h] = total > 0.0f ? m + logf(total) : -INFINITY;
+    }
+  };
+
+  // A few partitions (small batches and short sequences): every input of
+  // the merge is loaded at once, each thread taking all the maxima and
+  // sums itself (warp broadcasts) — one round of loads after the length,
+  // no barriers. The general path below takes three rounds and four
+  // barriers, a third of a small decode's reduce time.
+  constexpr int kFew = 8;
+  if (nparts <= kFew) {
+    float pm[kFew], ps[kFew], po[kFew][kPerThread];
+#pragma unroll
+    for (int j = 0; j < kFew; ++j) {
+      pm[j] = j < nparts ? ws.partial_max[base + j] : -INFINITY;
+      ps[j] = j < nparts ? ws.partial_sum[base + j] : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int d = tid + k * kBlock;
+        po[j][k] = j < nparts && d < D ? ws.partial_out[(base + j) * D + d] : 0.0f;
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kFew; ++j) m = fmaxf(m, pm[j]);
+    float total = 0.0f, acc[kPerThread];
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) acc[k] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kFew; ++j) {
+      // A partition with nothing visible for this row has max -inf, sum 0.
+      const float w = pm[j] == -INFINITY ? 0.0f : ps[j] * __expf(pm[j] - m);
+      total += w;
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) acc[k] = fmaf(w, po[j][k], acc[k]);
+    }
+    store(acc, total, m);
+    return;
+  }
 
   float m = -INFINITY;
   for (int j = tid; j < nparts; j += kBlock) m = fmaxf(m, ws.partial_max[base + j]);
@@ -816,19 +867,7 @@ __global__ void __launch_bounds__(kBlock)
       }
     }
   }
-  const float total = BlockReducer<kBlock>::Sum(red, wsum);
-  // total >= 1 whenever anything was visible (the partition holding the
-  // maximum contributes exp(0) * sum >= 1).
-  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-  const int64_t row = int64_t{s} * p.query_len + i;
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int d = tid + k * kBlock;
-    if (d < D) StoreFromFloat(p.out_dtype, p.out, row * p.out_stride + int64_t{h} * D + d, acc[k] * inv);
-  }
-  if (p.lse != nullptr && tid == 0) {
-    p.lse[row * p.num_q_heads + h] = total > 0.0f ? m + logf(total) : -INFINITY;
-  }
+  store(acc, BlockReducer<kBlock>::Sum(red, wsum), m);
 }
 
 // ---- Host side ----------------------------------------------------------
