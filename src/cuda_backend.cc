@@ -150,11 +150,12 @@ class CudaBackend final : public Backend {
     return path;
   }
 
-  // Partition size: the largest of MaxPartitionSize..32 (2048 for the
-  // tensor-core kernel, 512 for the thread-group one) whose shared memory
-  // fits, or a half of it, by the wave model of src/decode_partition.h with
-  // this device's SMs and the kernel's resident blocks. Depends on
-  // capacities only.
+  // Partition size: the largest of MaxPartitionSize..32 (512 for the
+  // thread-group kernel, 2048 for the tensor-core one, 4096 with its ring)
+  // whose shared memory fits the kernel's resident blocks on an SM, or a
+  // half of it, by the wave model of src/decode_partition.h with this
+  // device's SMs and the kernel's resident blocks. Depends on capacities
+  // only.
   DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
     DecodeShape s;
     s.max_num_seqs = cap.max_num_seqs;

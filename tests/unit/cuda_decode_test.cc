@@ -695,7 +695,9 @@ TEST(CudaDecode, PartitionBoundaries) {
   const uint32_t seed = FreshSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
-  for (int P : {32, 256, 512}) {
+  // Any multiple of 32 is a valid partition size (DecodeShape): powers of
+  // two (what the host picks today) and two that are not.
+  for (int P : {32, 96, 256, 512, 1376}) {
     for (int bs : kBlockSizes) {
       Case c;
       c.seed = rng();
