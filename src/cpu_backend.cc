@@ -216,9 +216,11 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
   // Where element d of a token lies relative to the token's element 0 depends
   // on d only: computed once here rather than per element and token.
   std::vector<int64_t> k_rel(D), v_rel(D);
+  std::vector<int> k_shift(D);  // INT4 K: nibble of element d (V's depends on the token)
   for (int d = 0; d < D; ++d) {
     k_rel[d] = g.k_byte(0, 0, 0, d);
     v_rel[d] = g.v_byte(0, 0, 0, d);
+    k_shift[d] = g.k_shift(d);
   }
 
   // One work item per (sequence, KV head): dequantize its K and V once,
@@ -237,7 +239,7 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
       const uint8_t* k_row = k_data + g.k_byte(b, kvh, off, 0);
       const uint8_t* v_row = v_data + g.v_byte(b, kvh, off, 0);
       const int v_shift = g.v_shift(off);
-      for (int d = 0; d < D; ++d) codes[d] = GetCode(k_row, k_rel[d], g.k_shift(d), g.k_bits());
+      for (int d = 0; d < D; ++d) codes[d] = GetCode(k_row, k_rel[d], k_shift[d], g.k_bits());
       DequantizeCodes(g.k_dtype, codes.data(), D, ks, &k[j * D]);
       for (int d = 0; d < D; ++d) codes[d] = GetCode(v_row, v_rel[d], v_shift, g.v_bits());
       DequantizeCodes(g.v_dtype, codes.data(), D, vs, &v[j * D]);

@@ -167,10 +167,10 @@ class CudaBackend final : public Backend {
     // blocks: the partition's shared memory should let that many share an
     // SM too, and must fit one block.
     const int blocks_per_sm = kernels::DecodeBlocksPerSm(geo, rows, tc);
+    const size_t sm_share = shared_per_sm_ / blocks_per_sm;
     const size_t resident_budget =
         std::min(max_shared_per_block_,
-                 shared_per_sm_ / blocks_per_sm - std::min(shared_per_sm_ / blocks_per_sm,
-                                                           reserved_shared_per_block_));
+                 sm_share > reserved_shared_per_block_ ? sm_share - reserved_shared_per_block_ : 0);
     auto largest_fitting = [&](size_t budget) {
       int32_t p = kernels::MaxPartitionSize(geo, tc);
       while (p > 32 && kernels::DecodeSharedBytes(geo, rows, p, tc) > budget) p /= 2;
