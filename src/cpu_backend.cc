@@ -21,31 +21,31 @@ namespace kvpage {
 namespace {
 
 // One code of `bits` bits at byte `byte` (low bit `shift`), little-endian.
-void PutCode(uint8_t *base, int64_t byte, int shift, int bits, uint16_t code) {
+void PutCode(uint8_t* base, int64_t byte, int shift, int bits, uint16_t code) {
   switch (bits) {
-  case 16:
-    base[byte] = static_cast<uint8_t>(code & 0xFF);
-    base[byte + 1] = static_cast<uint8_t>(code >> 8);
-    break;
-  case 8:
-    base[byte] = static_cast<uint8_t>(code);
-    break;
-  default: { // 4
-    const uint8_t mask = static_cast<uint8_t>(0xF << shift);
-    base[byte] =
-        static_cast<uint8_t>((base[byte] & ~mask) | ((code & 0xF) << shift));
-  }
+    case 16:
+      base[byte] = static_cast<uint8_t>(code & 0xFF);
+      base[byte + 1] = static_cast<uint8_t>(code >> 8);
+      break;
+    case 8:
+      base[byte] = static_cast<uint8_t>(code);
+      break;
+    default: {  // 4
+      const uint8_t mask = static_cast<uint8_t>(0xF << shift);
+      base[byte] = static_cast<uint8_t>((base[byte] & ~mask) |
+                                        ((code & 0xF) << shift));
+    }
   }
 }
 
-uint16_t GetCode(const uint8_t *base, int64_t byte, int shift, int bits) {
+uint16_t GetCode(const uint8_t* base, int64_t byte, int shift, int bits) {
   switch (bits) {
-  case 16:
-    return static_cast<uint16_t>(base[byte] | (base[byte + 1] << 8));
-  case 8:
-    return base[byte];
-  default:
-    return (base[byte] >> shift) & 0xF;
+    case 16:
+      return static_cast<uint16_t>(base[byte] | (base[byte + 1] << 8));
+    case 8:
+      return base[byte];
+    default:
+      return (base[byte] >> shift) & 0xF;
   }
 }
 
@@ -53,97 +53,90 @@ uint16_t GetCode(const uint8_t *base, int64_t byte, int shift, int bits) {
 // element 0, and INT4's nibble is shifts[d] (K) or one shift for the token (V).
 // One switch per token rather than per element: this gather is the CPU
 // decode's inner loop.
-void GatherCodes(const uint8_t *row, const int64_t *rel, const int *shifts,
-                 int token_shift, int bits, int n, uint16_t *codes) {
+void GatherCodes(const uint8_t* row, const int64_t* rel, const int* shifts, int token_shift,
+                 int bits, int n, uint16_t* codes) {
   switch (bits) {
-  case 16:
-    for (int d = 0; d < n; ++d) {
-      codes[d] = static_cast<uint16_t>(row[rel[d]] | (row[rel[d] + 1] << 8));
-    }
-    break;
-  case 8:
-    for (int d = 0; d < n; ++d)
-      codes[d] = row[rel[d]];
-    break;
-  default:
-    for (int d = 0; d < n; ++d) {
-      codes[d] = (row[rel[d]] >> (shifts ? shifts[d] : token_shift)) & 0xF;
-    }
+    case 16:
+      for (int d = 0; d < n; ++d) {
+        codes[d] = static_cast<uint16_t>(row[rel[d]] | (row[rel[d] + 1] << 8));
+      }
+      break;
+    case 8:
+      for (int d = 0; d < n; ++d) codes[d] = row[rel[d]];
+      break;
+    default:
+      for (int d = 0; d < n; ++d) {
+        codes[d] = (row[rel[d]] >> (shifts ? shifts[d] : token_shift)) & 0xF;
+      }
   }
 }
 
-void PutScale(uint8_t *base, int64_t byte, int entry_bytes, ScaleEntry s) {
-  if (entry_bytes == 0)
-    return;
+void PutScale(uint8_t* base, int64_t byte, int entry_bytes, ScaleEntry s) {
+  if (entry_bytes == 0) return;
   PutCode(base, byte, 0, 16, s.scale);
-  if (entry_bytes == 4)
-    PutCode(base, byte + 2, 0, 16, s.min);
+  if (entry_bytes == 4) PutCode(base, byte + 2, 0, 16, s.min);
 }
 
-ScaleEntry GetScale(const uint8_t *base, int64_t byte, int entry_bytes) {
+ScaleEntry GetScale(const uint8_t* base, int64_t byte, int entry_bytes) {
   ScaleEntry s;
-  if (entry_bytes == 0)
-    return s;
+  if (entry_bytes == 0) return s;
   s.scale = GetCode(base, byte, 0, 16);
-  if (entry_bytes == 4)
-    s.min = GetCode(base, byte + 2, 0, 16);
+  if (entry_bytes == 4) s.min = GetCode(base, byte + 2, 0, 16);
   return s;
 }
 
 class CpuBackend final : public Backend {
-public:
+ public:
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   int32_t ordinal() const override { return 0; }
 
-  absl::StatusOr<void *> Allocate(size_t bytes) override {
-    const size_t rounded = static_cast<size_t>(
-        AlignUp(static_cast<int64_t>(bytes), kRegionAlignment));
-    void *p = std::aligned_alloc(kRegionAlignment, rounded);
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    const size_t rounded =
+        static_cast<size_t>(AlignUp(static_cast<int64_t>(bytes), kRegionAlignment));
+    void* p = std::aligned_alloc(kRegionAlignment, rounded);
     if (p == nullptr) {
-      return OutOfMemory(kvpage::StrFormat(
-          "could not allocate %d bytes of host memory", bytes));
+      return OutOfMemory(kvpage::StrFormat("could not allocate %d bytes of host memory", bytes));
     }
     return p;
   }
-  void Free(void *ptr) override { std::free(ptr); }
-  absl::StatusOr<DeviceErrorRecord *> AllocateErrorRecord() override {
+  void Free(void* ptr) override { std::free(ptr); }
+  absl::StatusOr<DeviceErrorRecord*> AllocateErrorRecord() override {
     // Never written here: the CPU backend validates on the host.
     return new (std::nothrow) DeviceErrorRecord{};
   }
-  void FreeErrorRecord(DeviceErrorRecord *record) override { delete record; }
-  absl::Status Memset(void *ptr, int value, size_t bytes) override {
+  void FreeErrorRecord(DeviceErrorRecord* record) override { delete record; }
+  absl::Status Memset(void* ptr, int value, size_t bytes) override {
     std::memset(ptr, value, bytes);
     return absl::OkStatus();
   }
-  absl::Status CopyFromHost(void *dst, const void *src, size_t bytes) override {
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
     std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   }
-  absl::Status CopyToHost(void *dst, const void *src, size_t bytes) override {
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
     std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   }
-  absl::Status CopyAsync(void *dst, const void *src, size_t bytes,
-                         void *) override {
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, void*) override {
     std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   }
 
-  absl::Status Write(const WriteParams &p, void * /*stream*/) override;
-  size_t DecodeWorkspaceBytes(const CacheGeometry &,
-                              const DecodeCapacity &) const override {
-    return 0; // scratch lives on the worker threads' stacks and heaps
+  absl::Status Write(const WriteParams& p, void* /*stream*/) override;
+  size_t DecodeWorkspaceBytes(const CacheGeometry&,
+                              const DecodeCapacity&) const override {
+    return 0;  // scratch lives on the worker threads' stacks and heaps
   }
-  absl::Status Decode(const DecodeParams &p, const DecodeCapacity &cap,
-                      void *workspace, void *stream) override;
-  absl::Status CopyBlocks(const CacheGeometry &geo, uint8_t *base,
-                          const int32_t *pairs, int32_t num_pairs,
-                          bool pairs_on_host, DeviceErrorRecord *checked,
-                          void *stream) override;
+  absl::Status Decode(const DecodeParams& p, const DecodeCapacity& cap,
+                      void* workspace, void* stream) override;
+  absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base,
+                          const int32_t* pairs, int32_t num_pairs,
+                          bool pairs_on_host, DeviceErrorRecord* checked,
+                          void* stream) override;
 };
 
-absl::Status CpuBackend::Write(const WriteParams &p, void *) {
-  const CacheGeometry &g = p.geo;
+absl::Status CpuBackend::Write(const WriteParams& p, void*) {
+  const CacheGeometry& g = p.geo;
   const int64_t num_slots = int64_t{g.num_blocks} * g.block_size;
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
@@ -155,62 +148,53 @@ absl::Status CpuBackend::Write(const WriteParams &p, void *) {
     }
   }
   const int D = g.head_size;
-  uint8_t *k_data = p.layer + g.k_data_offset();
-  uint8_t *v_data = p.layer + g.v_data_offset();
-  uint8_t *k_scales = p.layer + g.k_scale_offset();
-  uint8_t *v_scales = p.layer + g.v_scale_offset();
+  uint8_t* k_data = p.layer + g.k_data_offset();
+  uint8_t* v_data = p.layer + g.v_data_offset();
+  uint8_t* k_scales = p.layer + g.k_scale_offset();
+  uint8_t* v_scales = p.layer + g.v_scale_offset();
   std::vector<float> x(D);
   std::vector<uint16_t> codes(D);
   QuantStats stats;
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
-    if (slot < 0)
-      continue;
+    if (slot < 0) continue;
     const int64_t b = slot / g.block_size;
     const int off = static_cast<int>(slot % g.block_size);
     for (int h = 0; h < g.num_kv_heads; ++h) {
       ScaleEntry scale;
       // K: [chunk][token][x]; INT4 tails past head_size are zero bits.
       for (int d = 0; d < D; ++d) {
-        x[d] = LoadAsFloat(p.input_dtype, p.key,
-                           t * p.key_stride + int64_t{h} * D + d);
+        x[d] = LoadAsFloat(p.input_dtype, p.key, t * p.key_stride + int64_t{h} * D + d);
       }
       QuantizeVector(g.k_dtype, x.data(),
-                     p.key_smoothing ? p.key_smoothing + int64_t{h} * D
-                                     : nullptr,
-                     D, codes.data(), &scale, &stats);
+                     p.key_smoothing ? p.key_smoothing + int64_t{h} * D : nullptr, D,
+                     codes.data(), &scale, &stats);
       for (int d = 0; d < g.k_chunks() * g.k_x(); ++d) {
         PutCode(k_data, g.k_byte(b, h, off, d), g.k_shift(d), g.k_bits(),
                 d < D ? codes[d] : 0);
       }
-      PutScale(k_scales, g.k_scale_byte(b, h, off), g.k_scale_entry_bytes(),
-               scale);
+      PutScale(k_scales, g.k_scale_byte(b, h, off), g.k_scale_entry_bytes(), scale);
       // V: [channel][token]; INT4 pairs tokens within a byte.
       for (int d = 0; d < D; ++d) {
-        x[d] = LoadAsFloat(p.input_dtype, p.value,
-                           t * p.value_stride + int64_t{h} * D + d);
+        x[d] = LoadAsFloat(p.input_dtype, p.value, t * p.value_stride + int64_t{h} * D + d);
       }
-      QuantizeVector(g.v_dtype, x.data(), nullptr, D, codes.data(), &scale,
-                     &stats);
+      QuantizeVector(g.v_dtype, x.data(), nullptr, D, codes.data(), &scale, &stats);
       for (int d = 0; d < D; ++d) {
-        PutCode(v_data, g.v_byte(b, h, off, d), g.v_shift(off), g.v_bits(),
-                codes[d]);
+        PutCode(v_data, g.v_byte(b, h, off, d), g.v_shift(off), g.v_bits(), codes[d]);
       }
-      PutScale(v_scales, g.v_scale_byte(b, h, off), g.v_scale_entry_bytes(),
-               scale);
+      PutScale(v_scales, g.v_scale_byte(b, h, off), g.v_scale_entry_bytes(), scale);
     }
   }
   // Writes to different layers may run concurrently.
-  __atomic_fetch_add(&p.counters->non_finite, stats.non_finite,
-                     __ATOMIC_RELAXED);
+  __atomic_fetch_add(&p.counters->non_finite, stats.non_finite, __ATOMIC_RELAXED);
   __atomic_fetch_add(&p.counters->saturated, stats.saturated, __ATOMIC_RELAXED);
   return absl::OkStatus();
 }
 
 // Checks the lengths and every block id a decode will read, so that a bad
 // table is an error rather than an out-of-bounds read.
-absl::Status ValidateDecodeInputs(const DecodeParams &p) {
-  const CacheGeometry &g = p.geo;
+absl::Status ValidateDecodeInputs(const DecodeParams& p) {
+  const CacheGeometry& g = p.geo;
   const int64_t table_tokens = int64_t{p.block_table_width} * g.block_size;
   for (int32_t s = 0; s < p.num_seqs; ++s) {
     const int32_t len = p.seq_lens[s];
@@ -234,29 +218,27 @@ absl::Status ValidateDecodeInputs(const DecodeParams &p) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Decode(const DecodeParams &p, const DecodeCapacity &,
-                                void *, void *) {
+absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
+                                void*, void*) {
   KVP_RETURN_IF_ERROR(ValidateDecodeInputs(p));
-  const CacheGeometry &g = p.geo;
+  const CacheGeometry& g = p.geo;
   const int D = g.head_size;
   const int group = p.num_q_heads / g.num_kv_heads;
-  const uint8_t *k_data = p.layer + g.k_data_offset();
-  const uint8_t *v_data = p.layer + g.v_data_offset();
-  const uint8_t *k_scales = p.layer + g.k_scale_offset();
-  const uint8_t *v_scales = p.layer + g.v_scale_offset();
+  const uint8_t* k_data = p.layer + g.k_data_offset();
+  const uint8_t* v_data = p.layer + g.v_data_offset();
+  const uint8_t* k_scales = p.layer + g.k_scale_offset();
+  const uint8_t* v_scales = p.layer + g.v_scale_offset();
 
   // Results are gathered here and stored once every work item is done, so
   // that a failure (std::bad_alloc in a worker) leaves out and lse untouched.
   const int64_t num_rows = int64_t{p.num_seqs} * p.query_len;
   std::vector<float> results(static_cast<size_t>(num_rows * p.num_q_heads * D));
-  std::vector<float> lses(p.lse ? static_cast<size_t>(num_rows * p.num_q_heads)
-                                : 0);
+  std::vector<float> lses(p.lse ? static_cast<size_t>(num_rows * p.num_q_heads) : 0);
 
   // Where element d of a token lies relative to the token's element 0 depends
   // on d only: computed once here rather than per element and token.
   std::vector<int64_t> k_rel(D), v_rel(D);
-  std::vector<int> k_shift(
-      D); // INT4 K: nibble of element d (V's depends on the token)
+  std::vector<int> k_shift(D);  // INT4 K: nibble of element d (V's depends on the token)
   for (int d = 0; d < D; ++d) {
     k_rel[d] = g.k_byte(0, 0, 0, d);
     v_rel[d] = g.v_byte(0, 0, 0, d);
@@ -265,126 +247,103 @@ absl::Status CpuBackend::Decode(const DecodeParams &p, const DecodeCapacity &,
 
   // One work item per (sequence, KV head): dequantize its K and V once,
   // then serve every query head of the group and every query token.
-  KVP_RETURN_IF_ERROR(
-      ParallelFor(int64_t{p.num_seqs} * g.num_kv_heads, [&](int64_t item) {
-        const int32_t s = static_cast<int32_t>(item / g.num_kv_heads);
-        const int kvh = static_cast<int>(item % g.num_kv_heads);
-        const int32_t len = p.seq_lens[s];
-        std::vector<double> k(static_cast<size_t>(len) * D), v(k.size());
-        std::vector<uint16_t> codes(D);
-        for (int32_t j = 0; j < len; ++j) {
-          const int64_t b =
-              p.block_table[s * p.block_table_stride + j / g.block_size];
-          const int off = j % g.block_size;
-          const ScaleEntry ks = GetScale(k_scales, g.k_scale_byte(b, kvh, off),
-                                         g.k_scale_entry_bytes());
-          const ScaleEntry vs = GetScale(v_scales, g.v_scale_byte(b, kvh, off),
-                                         g.v_scale_entry_bytes());
-          const uint8_t *k_row = k_data + g.k_byte(b, kvh, off, 0);
-          const uint8_t *v_row = v_data + g.v_byte(b, kvh, off, 0);
-          const int v_shift = g.v_shift(off);
-          GatherCodes(k_row, k_rel.data(), k_shift.data(), 0, g.k_bits(), D,
-                      codes.data());
-          DequantizeCodes(g.k_dtype, codes.data(), D, ks, &k[j * D]);
-          GatherCodes(v_row, v_rel.data(), nullptr, v_shift, g.v_bits(), D,
-                      codes.data());
-          DequantizeCodes(g.v_dtype, codes.data(), D, vs, &v[j * D]);
-        }
-        std::vector<double> q(D), logits(std::max(len, 1)), acc(D);
-        for (int gi = 0; gi < group; ++gi) {
-          const int h = kvh * group + gi;
-          for (int32_t i = 0; i < p.query_len; ++i) {
-            const int64_t row = int64_t{s} * p.query_len + i;
-            const int32_t pos = len - p.query_len + i; // the query's position
-            const int32_t lo = p.sliding_window > 0
-                                   ? std::max(0, pos - p.sliding_window + 1)
-                                   : 0;
-            std::fill(acc.begin(), acc.end(), 0.0);
-            double lse = -std::numeric_limits<double>::infinity();
-            if (pos >= 0 && lo <= pos) {
-              for (int d = 0; d < D; ++d) {
-                q[d] = LoadAsFloat(p.q_dtype, p.q,
-                                   row * p.q_stride + int64_t{h} * D + d);
-                if (p.key_smoothing)
-                  q[d] *= p.key_smoothing[int64_t{kvh} * D + d];
-              }
-              double m = -std::numeric_limits<double>::infinity();
-              for (int32_t j = lo; j <= pos; ++j) {
-                // Four partial sums (D is a multiple of 16): a single chain of
-                // dependent double adds would bound the loop by add latency.
-                const double *kj = &k[static_cast<size_t>(j) * D];
-                double dot4[4] = {0, 0, 0, 0};
-                for (int d = 0; d < D; d += 4) {
-                  for (int u = 0; u < 4; ++u)
-                    dot4[u] += q[d + u] * kj[d + u];
-                }
-                double l =
-                    p.sm_scale * ((dot4[0] + dot4[1]) + (dot4[2] + dot4[3]));
-                if (p.logits_soft_cap > 0)
-                  l = p.logits_soft_cap * std::tanh(l / p.logits_soft_cap);
-                if (p.alibi_slopes)
-                  l += double{p.alibi_slopes[h]} * (j - pos);
-                logits[j] = l;
-                m = std::max(m, l);
-              }
-              double sum = 0;
-              for (int32_t j = lo; j <= pos; ++j) {
-                const double w = std::exp(logits[j] - m);
-                sum += w;
-                const double *vj = &v[static_cast<size_t>(j) * D];
-                for (int d = 0; d < D; ++d)
-                  acc[d] += w * vj[d];
-              }
-              for (int d = 0; d < D; ++d)
-                acc[d] /= sum;
-              lse = m + std::log(sum);
-            }
-            float *result = results.data() + (row * p.num_q_heads + h) * D;
-            for (int d = 0; d < D; ++d)
-              result[d] = static_cast<float>(acc[d]);
-            if (p.lse)
-              lses[row * p.num_q_heads + h] = static_cast<float>(lse);
+  KVP_RETURN_IF_ERROR(ParallelFor(int64_t{p.num_seqs} * g.num_kv_heads, [&](int64_t item) {
+    const int32_t s = static_cast<int32_t>(item / g.num_kv_heads);
+    const int kvh = static_cast<int>(item % g.num_kv_heads);
+    const int32_t len = p.seq_lens[s];
+    std::vector<double> k(static_cast<size_t>(len) * D), v(k.size());
+    std::vector<uint16_t> codes(D);
+    for (int32_t j = 0; j < len; ++j) {
+      const int64_t b = p.block_table[s * p.block_table_stride + j / g.block_size];
+      const int off = j % g.block_size;
+      const ScaleEntry ks = GetScale(k_scales, g.k_scale_byte(b, kvh, off), g.k_scale_entry_bytes());
+      const ScaleEntry vs = GetScale(v_scales, g.v_scale_byte(b, kvh, off), g.v_scale_entry_bytes());
+      const uint8_t* k_row = k_data + g.k_byte(b, kvh, off, 0);
+      const uint8_t* v_row = v_data + g.v_byte(b, kvh, off, 0);
+      const int v_shift = g.v_shift(off);
+      GatherCodes(k_row, k_rel.data(), k_shift.data(), 0, g.k_bits(), D, codes.data());
+      DequantizeCodes(g.k_dtype, codes.data(), D, ks, &k[j * D]);
+      GatherCodes(v_row, v_rel.data(), nullptr, v_shift, g.v_bits(), D, codes.data());
+      DequantizeCodes(g.v_dtype, codes.data(), D, vs, &v[j * D]);
+    }
+    std::vector<double> q(D), logits(std::max(len, 1)), acc(D);
+    for (int gi = 0; gi < group; ++gi) {
+      const int h = kvh * group + gi;
+      for (int32_t i = 0; i < p.query_len; ++i) {
+        const int64_t row = int64_t{s} * p.query_len + i;
+        const int32_t pos = len - p.query_len + i;  // the query's position
+        const int32_t lo = p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        double lse = -std::numeric_limits<double>::infinity();
+        if (pos >= 0 && lo <= pos) {
+          for (int d = 0; d < D; ++d) {
+            q[d] = LoadAsFloat(p.q_dtype, p.q, row * p.q_stride + int64_t{h} * D + d);
+            if (p.key_smoothing) q[d] *= p.key_smoothing[int64_t{kvh} * D + d];
           }
+          double m = -std::numeric_limits<double>::infinity();
+          for (int32_t j = lo; j <= pos; ++j) {
+            // Four partial sums (D is a multiple of 16): a single chain of
+            // dependent double adds would bound the loop by add latency.
+            const double* kj = &k[static_cast<size_t>(j) * D];
+            double dot4[4] = {0, 0, 0, 0};
+            for (int d = 0; d < D; d += 4) {
+              for (int u = 0; u < 4; ++u) dot4[u] += q[d + u] * kj[d + u];
+            }
+            double l = p.sm_scale * ((dot4[0] + dot4[1]) + (dot4[2] + dot4[3]));
+            if (p.logits_soft_cap > 0) l = p.logits_soft_cap * std::tanh(l / p.logits_soft_cap);
+            if (p.alibi_slopes) l += double{p.alibi_slopes[h]} * (j - pos);
+            logits[j] = l;
+            m = std::max(m, l);
+          }
+          double sum = 0;
+          for (int32_t j = lo; j <= pos; ++j) {
+            const double w = std::exp(logits[j] - m);
+            sum += w;
+            const double* vj = &v[static_cast<size_t>(j) * D];
+            for (int d = 0; d < D; ++d) acc[d] += w * vj[d];
+          }
+          for (int d = 0; d < D; ++d) acc[d] /= sum;
+          lse = m + std::log(sum);
         }
-      }));
+        float* result = results.data() + (row * p.num_q_heads + h) * D;
+        for (int d = 0; d < D; ++d) result[d] = static_cast<float>(acc[d]);
+        if (p.lse) lses[row * p.num_q_heads + h] = static_cast<float>(lse);
+      }
+    }
+  }));
   for (int64_t row = 0; row < num_rows; ++row) {
     for (int h = 0; h < p.num_q_heads; ++h) {
-      const float *result = results.data() + (row * p.num_q_heads + h) * D;
+      const float* result = results.data() + (row * p.num_q_heads + h) * D;
       for (int d = 0; d < D; ++d) {
-        StoreFromFloat(p.out_dtype, p.out,
-                       row * p.out_stride + int64_t{h} * D + d, result[d]);
+        StoreFromFloat(p.out_dtype, p.out, row * p.out_stride + int64_t{h} * D + d, result[d]);
       }
     }
   }
-  if (p.lse)
-    std::copy(lses.begin(), lses.end(), p.lse);
+  if (p.lse) std::copy(lses.begin(), lses.end(), p.lse);
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::CopyBlocks(
-    const CacheGeometry &g, uint8_t *base, const int32_t *pairs,
-    int32_t num_pairs, bool /*pairs_on_host: the same memory here*/,
-    DeviceErrorRecord * /*checked: pairs validated by Cache*/, void *) {
+absl::Status CpuBackend::CopyBlocks(const CacheGeometry& g, uint8_t* base,
+                                    const int32_t* pairs, int32_t num_pairs,
+                                    bool /*pairs_on_host: the same memory here*/,
+                                    DeviceErrorRecord* /*checked: pairs validated by Cache*/,
+                                    void*) {
   for (int32_t layer = 0; layer < g.num_layers; ++layer) {
-    uint8_t *l = base + layer * g.layer_bytes();
+    uint8_t* l = base + layer * g.layer_bytes();
     for (int32_t i = 0; i < num_pairs; ++i) {
       for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
         const CacheGeometry::BlockRegion region = g.block_region(r);
-        if (region.block_stride == 0)
-          continue;
+        if (region.block_stride == 0) continue;
         std::memcpy(l + region.offset + pairs[2 * i + 1] * region.block_stride,
-                    l + region.offset + pairs[2 * i] * region.block_stride,
-                    region.block_stride);
+                    l + region.offset + pairs[2 * i] * region.block_stride, region.block_stride);
       }
     }
   }
   return absl::OkStatus();
 }
 
-} // namespace
+}  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend() {
-  return std::make_unique<CpuBackend>();
-}
+std::unique_ptr<Backend> MakeCpuBackend() { return std::make_unique<CpuBackend>(); }
 
-} // namespace kvpage
+}  // namespace kvpage

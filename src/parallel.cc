@@ -2,19 +2,31 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <new>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "src/status.h"
 
 namespace kvpage {
 
+int CpuThreads() {
+  // Read once: an engine sets it before its first decode.
+  static const int threads = [] {
+    int n = 0;
+    const char* env = std::getenv("KVPAGE_CPU_THREADS");
+    if (env != nullptr && absl::SimpleAtoi(env, &n) && n >= 1) return n;
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }();
+  return threads;
+}
+
 absl::Status ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
   if (n <= 0) return absl::OkStatus();
-  const int64_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const int64_t num_threads = std::min<int64_t>(hw, n);
+  const int64_t num_threads = std::min<int64_t>(CpuThreads(), n);
   std::atomic<int64_t> next{0};
   std::atomic<int> failure{0};  // 1 = out of memory, 2 = other exception
   auto worker = [&]() {

@@ -9,7 +9,11 @@
 
 namespace kvpage {
 
-// Runs fn(i) for i in [0, n) on up to hardware_concurrency threads. An
+// Threads the CPU backend may use: KVPAGE_CPU_THREADS (a positive integer,
+// read at the first call) or else the hardware concurrency.
+int CpuThreads();
+
+// Runs fn(i) for i in [0, n) on up to CpuThreads() threads. An
 // exception thrown by fn (std::bad_alloc) becomes an error status instead
 // of terminating the process.
 absl::Status ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn);
