@@ -563,10 +563,28 @@ __device__ __forceinline__ int64_t PartialIndex(const DecodeParams& p, const Dec
 constexpr int kMinBlocksPerSm = 4;
 constexpr int kMinBlocksPerSmOneRow = 6;
 
+// Programmatic dependent launch (sm_90+; no-ops before, and where the
+// launch did not ask for it): a partition block lets the reduce grid be
+// scheduled as soon as it starts — the reduce's blocks then take SM slots
+// as the partition grid drains instead of after it — and the reduce waits
+// for the whole partition grid, its stores visible, before its first read
+// of a partial.
+__device__ __forceinline__ void AllowDependentGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPrerequisiteGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Fills the partition's coordinates from blockIdx; false when the
 // partition starts past its sequence's end (nothing to do).
 __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodeShape& shape,
                                                PartitionState& st) {
+  AllowDependentGrid();
   const CacheGeometry& g = p.geo;
   st.part = blockIdx.x;
   st.kvh = blockIdx.y;
@@ -786,6 +804,9 @@ __global__ void __launch_bounds__(kBlock)
   const int nparts = len > 0 ? min((len + P - 1) / P, shape.max_partitions) : 0;
   const int64_t base = PartialBase(p, shape, s, i, h);
   const int64_t row = int64_t{s} * p.query_len + i;
+  // Everything above reads the caller's inputs, which were complete before
+  // the partition kernel started; the partials are its results.
+  WaitForPrerequisiteGrid();
   // out = acc / total (sum of the weights), lse = m + log(total); total >= 1
   // whenever anything was visible (the partition holding the maximum
   // contributes exp(0) * sum >= 1).

@@ -62,10 +62,11 @@ cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); 
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int32_t ordinal, int num_sms, size_t max_shared_per_block, size_t shared_per_sm,
-              size_t reserved_shared_per_block)
+  CudaBackend(int32_t ordinal, int num_sms, int cc_major, size_t max_shared_per_block,
+              size_t shared_per_sm, size_t reserved_shared_per_block)
       : ordinal_(ordinal),
         num_sms_(num_sms),
+        cc_major_(cc_major),
         max_shared_per_block_(max_shared_per_block),
         shared_per_sm_(shared_per_sm),
         reserved_shared_per_block_(reserved_shared_per_block) {}
@@ -150,6 +151,18 @@ class CudaBackend final : public Backend {
     return path;
   }
 
+  // KVPAGE_DECODE_PDL=0 launches the reduce kernel after the partition
+  // kernel in plain stream order (an escape hatch, and the comparison in
+  // docs/PERF_NOTES.md); otherwise it is a programmatic dependent launch
+  // where the device has one (sm_90+). Read once per process.
+  static bool DependentReduceFromEnvironment() {
+    static const bool on = [] {
+      const char* v = std::getenv("KVPAGE_DECODE_PDL");
+      return v == nullptr || absl::string_view(v) != "0";
+    }();
+    return on;
+  }
+
   // Partition size: the largest of MaxPartitionSize..32 (512 for the
   // thread-group kernel, 2048 for the tensor-core one, 4096 with its ring)
   // whose shared memory fits the kernel's resident blocks on an SM, or a
@@ -162,6 +175,7 @@ class CudaBackend final : public Backend {
     s.max_query_len = cap.max_query_len;
     const int32_t rows = cap.num_q_heads / geo.num_kv_heads * cap.max_query_len;
     s.path = PathFromEnvironment();
+    s.dependent_reduce = cc_major_ >= 9 && DependentReduceFromEnvironment();
     const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
     // The kernels' register budgets are cut for DecodeBlocksPerSm resident
     // blocks: the partition's shared memory should let that many share an
@@ -234,6 +248,7 @@ class CudaBackend final : public Backend {
  private:
   const int32_t ordinal_;
   const int num_sms_;
+  const int cc_major_;  // compute capability's major version
   const size_t max_shared_per_block_;
   const size_t shared_per_sm_;              // shared memory of one SM
   const size_t reserved_shared_per_block_;  // the system's share of it per resident block
@@ -262,10 +277,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal) {
     return InvalidArgument(kvpage::StrFormat(
         "config->device_ordinal = %d, but %d CUDA device(s) are present", ordinal, count));
   }
-  int num_sms = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0;
+  int num_sms = 0, cc_major = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0;
   KVP_RETURN_IF_ERROR(
       CudaError(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, ordinal),
                 "cudaDeviceGetAttribute(MultiProcessorCount)"));
+  KVP_RETURN_IF_ERROR(
+      CudaError(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, ordinal),
+                "cudaDeviceGetAttribute(ComputeCapabilityMajor)"));
   KVP_RETURN_IF_ERROR(CudaError(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal),
       "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
@@ -275,9 +293,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal) {
   KVP_RETURN_IF_ERROR(CudaError(
       cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, ordinal),
       "cudaDeviceGetAttribute(ReservedSharedMemoryPerBlock)"));
-  return std::unique_ptr<Backend>(new CudaBackend(ordinal, num_sms, static_cast<size_t>(smem_optin),
-                                                  static_cast<size_t>(smem_per_sm),
-                                                  static_cast<size_t>(smem_reserved)));
+  return std::unique_ptr<Backend>(
+      new CudaBackend(ordinal, num_sms, cc_major, static_cast<size_t>(smem_optin),
+                      static_cast<size_t>(smem_per_sm), static_cast<size_t>(smem_reserved)));
 #else
   return Unsupported(
       kvpage::StrFormat("device_kind = KVP_DEVICE_CUDA (ordinal %d), but this build has no CUDA "
