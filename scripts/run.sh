@@ -3,7 +3,7 @@
 # (CUDA backend where a GPU and the CUDA backend are present, CPU otherwise).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 install_missing
-configure_and_build -DKVPAGE_BUILD_TESTS=OFF
+configure_and_build -DKVPAGE_BUILD_TESTS=OFF -DKVPAGE_BUILD_EXAMPLES=ON
 for dtype in ${KVPAGE_DTYPES:-bf16 int8 int4}; do
   "$BUILD_DIR/examples/kvpage_decode_loop" "$dtype" "${KVPAGE_STEPS:-16}"
 done
