@@ -613,7 +613,8 @@ def plot(results, out, device, copy_gbs):
     ax_o.set_ylim(bottom=0)
     from matplotlib.ticker import FuncFormatter
     ax_o.yaxis.set_major_formatter(FuncFormatter(lambda v, _: "%gx" % v))
-    ax_o.legend(fontsize=6, loc="upper left")
+    if oth:  # a run of the seed shapes only leaves this panel empty
+        ax_o.legend(fontsize=6, loc="upper left")
     ax_o.set_ylabel("speed-up over the fastest PyTorch path")
     ax_o.set_title("other shapes (B=64; ragged B=256): speed-up")
     ax_o.grid(axis="y", alpha=0.3)
