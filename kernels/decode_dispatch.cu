@@ -154,7 +154,6 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(decode::kReduceThreads);
-  config.dynamicSmemBytes = 0;
   config.stream = s;
   config.attrs = &dependent;
   config.numAttrs = shape.dependent_reduce && shape.max_partitions > 0 ? 1 : 0;

@@ -33,7 +33,7 @@ if [ "${1:-}" = "--bundle" ]; then
   cp -P build-asan/libkvpage.so* "$stage/b/"
   ldd "$FUZZER" | awk '/libabsl_/ {print $3}' | xargs -r cp -L -t "$stage/b/"
   cp "$SEEDS"/* "$stage/b/corpus/"
-  [ -d "${FUZZ_DIR:-fuzz-work}/corpus" ] && cp "${FUZZ_DIR:-fuzz-work}"/corpus/* "$stage/b/corpus/"
+  [ -d "${FUZZ_DIR:-fuzz-work}/corpus" ] && cp -r "${FUZZ_DIR:-fuzz-work}/corpus/." "$stage/b/corpus/"
   tar cJf "$out" -C "$stage" b
   echo "bundle: $out ($(du -h "$out" | cut -f1), $(ls "$stage/b/corpus" | wc -l) corpus inputs)"
   exit 0

@@ -38,10 +38,12 @@ void PutCode(uint8_t* base, int64_t byte, int shift, int bits, uint16_t code) {
   }
 }
 
+uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
 uint16_t GetCode(const uint8_t* base, int64_t byte, int shift, int bits) {
   switch (bits) {
     case 16:
-      return static_cast<uint16_t>(base[byte] | (base[byte + 1] << 8));
+      return Load16(base + byte);
     case 8:
       return base[byte];
     default:
@@ -57,9 +59,7 @@ void GatherCodes(const uint8_t* row, const int64_t* rel, const int* shifts, int 
                  int bits, int n, uint16_t* codes) {
   switch (bits) {
     case 16:
-      for (int d = 0; d < n; ++d) {
-        codes[d] = static_cast<uint16_t>(row[rel[d]] | (row[rel[d] + 1] << 8));
-      }
+      for (int d = 0; d < n; ++d) codes[d] = Load16(row + rel[d]);
       break;
     case 8:
       for (int d = 0; d < n; ++d) codes[d] = row[rel[d]];
