@@ -2,10 +2,13 @@
 // device-to-device copy bandwidth measured in the same run.
 //
 // Bytes counted for a decode: K, V and scales of every token attended,
-// read once (kvp_cache_info.bytes_per_token_per_layer per token). Times are
-// medians over >= 50 runs timed with CUDA events after a warm-up; the cache
+// read once (kvp_cache_info.bytes_per_token_per_layer per token). The cache
 // spans enough layers (> 4x the L2) that consecutive runs rotate through
-// different memory and never hit in L2.
+// different memory and never hit in L2. Two times per case, both medians
+// with CUDA events after a warm-up: "time" replays a CUDA graph of one call
+// per layer (as an engine replays its decode step; no host launch latency
+// between calls), "eager time" times >= 50 single calls, each with the host
+// launch of its kernels inside the events.
 //
 // usage: kvpage-bench [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4] [--shapes SUBSTR,...]
 #include <cuda_runtime.h>
@@ -57,6 +60,42 @@ double MedianMs(int iters, int warmup, F&& run) {
   return ms[iters / 2];
 }
 
+// Time per call of `calls` calls captured in one CUDA graph (call(i)
+// enqueues call i on `stream`), the way an engine replays a decode step:
+// each timed sample replays the graph back to back until it has run at
+// least 32 calls, so the host's launch latency is paid once per sample
+// instead of once per call. Median of `samples`.
+template <typename F>
+double GraphMedianMs(cudaStream_t stream, int calls, int samples, F&& call) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CheckCuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  for (int i = 0; i < calls; ++i) call(i);
+  CheckCuda(cudaStreamEndCapture(stream, &graph), "capture");
+  CheckCuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const int replays = (32 + calls - 1) / calls;
+  cudaEvent_t a, b;
+  CheckCuda(cudaEventCreate(&a), "event");
+  CheckCuda(cudaEventCreate(&b), "event");
+  for (int i = 0; i < 2; ++i) CheckCuda(cudaGraphLaunch(exec, stream), "replay");
+  std::vector<float> ms(samples);
+  for (float& m : ms) {
+    CheckCuda(cudaEventRecord(a, stream), "record");
+    for (int r = 0; r < replays; ++r) CheckCuda(cudaGraphLaunch(exec, stream), "replay");
+    CheckCuda(cudaEventRecord(b, stream), "record");
+    CheckCuda(cudaEventSynchronize(b), "sync");
+    CheckCuda(cudaEventElapsedTime(&m, a, b), "elapsed");
+    m /= static_cast<float>(replays * calls);
+  }
+  CheckCuda(cudaGetLastError(), "graph");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(ms.begin(), ms.end());
+  return ms[samples / 2];
+}
+
 // Device-to-device copy bandwidth: bytes read + bytes written per second.
 double CopyBandwidthGBs() {
   const size_t bytes = size_t{1} << 30;
@@ -80,6 +119,7 @@ struct Result {
   std::string shape, dtype;
   int batch;
   double us, gbs, frac, write_gbs;
+  double eager_us, eager_write_gbs;  // one call at a time, host launch included
 };
 
 int ParseDtype(const std::string& s) {
@@ -133,6 +173,8 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   cfg.num_layers = std::min(cfg.num_layers, 64);
   kvp_cache* cache = nullptr;
   Check(kvp_cache_create(&cfg, &cache), "cache");
+  cudaStream_t stream = nullptr;  // graphs are captured on a stream of our own
+  CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   Check(kvp_cache_get_info(cache, &info), "info");
 
   // Tables: each sequence gets its own blocks, shuffled as a real pool is.
@@ -165,7 +207,7 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   CheckCuda(cudaMemcpy(dv, host.data(), elems * 2, cudaMemcpyHostToDevice), "copy");
   CheckCuda(cudaMalloc(&dslots, slots.size() * 8), "malloc");
   CheckCuda(cudaMemcpy(dslots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice), "copy");
-  auto write_chunk = [&](int layer, int64_t start) {
+  auto write_chunk = [&](int layer, int64_t start, cudaStream_t on) {
     kvp_write_args w;
     kvp_write_args_init(&w);
     w.layer = layer;
@@ -174,16 +216,17 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
     w.key = dk;
     w.value = dv;
     w.slot_mapping = static_cast<const int64_t*>(dslots) + start;
-    Check(kvp_cache_write(cache, &w, nullptr), "write");
+    Check(kvp_cache_write(cache, &w, on), "write");
   };
   for (int l = 0; l < cfg.num_layers; ++l) {
-    for (int64_t start = 0; start < total_tokens; start += chunk) write_chunk(l, start);
+    for (int64_t start = 0; start < total_tokens; start += chunk) write_chunk(l, start, nullptr);
   }
   CheckCuda(cudaDeviceSynchronize(), "fill");
   const int64_t first_chunk = std::min(chunk, total_tokens);
-  const double write_ms = MedianMs(std::max(iters / 2, 20), 3, [&](int i) {
-    write_chunk(i % cfg.num_layers, 0);
-  });
+  const double eager_write_ms = MedianMs(
+      std::max(iters / 2, 20), 3, [&](int i) { write_chunk(i % cfg.num_layers, 0, nullptr); });
+  const double write_ms = GraphMedianMs(stream, cfg.num_layers, std::max(iters / 4, 11),
+                                        [&](int i) { write_chunk(i, 0, stream); });
   // Write traffic: BF16 input read + the cache bytes written.
   const double write_bytes =
       double(first_chunk) * (2.0 * shape.hkv * D * 2 + info.bytes_per_token_per_layer);
@@ -217,9 +260,15 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   a.block_table_width = width;
   a.seq_lens = static_cast<const int32_t*>(dlens);
   a.out = dout;
-  const double ms = MedianMs(iters, 10, [&](int i) {
+  const double eager_ms = MedianMs(iters, 10, [&](int i) {
     a.layer = i % cfg.num_layers;
     Check(kvp_decode(dec, &a, nullptr), "decode");
+  });
+  // The graph holds one decode per layer: consecutive calls still rotate
+  // through memory larger than the L2.
+  const double ms = GraphMedianMs(stream, cfg.num_layers, std::max(iters / 4, 11), [&](int i) {
+    a.layer = i;
+    Check(kvp_decode(dec, &a, stream), "decode");
   });
   const double bytes = double(total_tokens) * info.bytes_per_token_per_layer;
   Result r;
@@ -230,7 +279,10 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   r.gbs = bytes / (ms * 1e-3) / 1e9;
   r.frac = r.gbs / copy_gbs;
   r.write_gbs = write_gbs;
+  r.eager_us = eager_ms * 1e3;
+  r.eager_write_gbs = write_bytes / (eager_write_ms * 1e-3) / 1e9;
   kvp_decoder_destroy(dec);
+  CheckCuda(cudaStreamDestroy(stream), "stream");
   kvp_cache_destroy(cache);
   for (void* p : {dk, dv, dslots, dtable, dlens, dq, dout}) cudaFree(p);
   return r;
@@ -316,12 +368,15 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(42);
   std::vector<Result> results;
-  std::printf("\n| shape | B | KV | time (us) | GB/s | of copy BW | write GB/s |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| shape | B | KV | time (us) | GB/s | of copy BW | write GB/s | eager time (us) | eager "
+      "write GB/s |\n|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& s : shapes) {
     for (const std::string& d : dtypes) {
       Result r = RunCase(s, d, copy_gbs, quick ? 20 : 60, size_t(prop.l2CacheSize), rng);
-      std::printf("| %s | %d | %s | %.1f | %.0f | %.1f%% | %.0f |\n", r.shape.c_str(), r.batch,
-                  r.dtype.c_str(), r.us, r.gbs, 100 * r.frac, r.write_gbs);
+      std::printf("| %s | %d | %s | %.1f | %.0f | %.1f%% | %.0f | %.1f | %.0f |\n", r.shape.c_str(),
+                  r.batch, r.dtype.c_str(), r.us, r.gbs, 100 * r.frac, r.write_gbs, r.eager_us,
+                  r.eager_write_gbs);
       std::fflush(stdout);
       results.push_back(r);
     }
@@ -329,10 +384,13 @@ int main(int argc, char** argv) {
   if (!csv.empty()) {
     FILE* f = std::fopen(csv.c_str(), "w");
     if (f) {
-      std::fprintf(f, "device,copy_gbs,shape,batch,kv_dtype,time_us,gbs,fraction,write_gbs\n");
+      std::fprintf(f,
+                   "device,copy_gbs,shape,batch,kv_dtype,time_us,gbs,fraction,write_gbs,"
+                   "eager_time_us,eager_write_gbs\n");
       for (const Result& r : results) {
-        std::fprintf(f, "%s,%.1f,%s,%d,%s,%.2f,%.1f,%.4f,%.1f\n", prop.name, copy_gbs,
-                     r.shape.c_str(), r.batch, r.dtype.c_str(), r.us, r.gbs, r.frac, r.write_gbs);
+        std::fprintf(f, "%s,%.1f,%s,%d,%s,%.2f,%.1f,%.4f,%.1f,%.2f,%.1f\n", prop.name, copy_gbs,
+                     r.shape.c_str(), r.batch, r.dtype.c_str(), r.us, r.gbs, r.frac, r.write_gbs,
+                     r.eager_us, r.eager_write_gbs);
       }
       std::fclose(f);
     }

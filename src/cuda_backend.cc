@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "src/backend.h"
@@ -163,6 +164,20 @@ class CudaBackend final : public Backend {
     return on;
   }
 
+  // KVPAGE_DECODE_PARTITION=N (a multiple of 32) replaces the wave model's
+  // partition size with N wherever N fits the kernel's shared memory (for
+  // tuning measurements, docs/PERF_NOTES.md); 0 where unset or invalid.
+  // Read once per process.
+  static int32_t PartitionFromEnvironment() {
+    static const int32_t size = [] {
+      const char* v = std::getenv("KVPAGE_DECODE_PARTITION");
+      int32_t n = 0;
+      if (v == nullptr || !absl::SimpleAtoi(v, &n) || n < 32 || n % 32 != 0) return 0;
+      return n;
+    }();
+    return size;
+  }
+
   // Partition size: the largest of MaxPartitionSize..32 (512 for the
   // thread-group kernel, 2048 for the tensor-core one, 4096 with its ring)
   // whose shared memory fits the kernel's resident blocks on an SM, or a
@@ -195,8 +210,11 @@ class CudaBackend final : public Backend {
       p = largest_fitting(max_shared_per_block_);  // fewer blocks per SM, then
     }
     const int64_t slots = int64_t{num_sms_} * blocks_per_sm;
-    p = PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads, cap.max_context_len,
-                             slots);
+    const int32_t forced = PartitionFromEnvironment();
+    p = forced > 0 && forced <= p
+            ? forced
+            : PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads,
+                                   cap.max_context_len, slots);
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
     return s;
