@@ -183,8 +183,27 @@ std::vector<float> MakeSmoothing(std::mt19937& rng, int count) {
 //   - the same with holes (-1), which break some words' runs.
 std::vector<int64_t> MakeSlots(std::mt19937& rng, const CacheGeometry& g, int num_tokens) {
   const int64_t num_slots = int64_t{g.num_blocks} * g.block_size;
-  const int shape = static_cast<int>(rng() % 3);
+  const int shape = static_cast<int>(rng() % 4);
   std::vector<int64_t> slots;
+  if (shape == 3) {
+    // A prefill of several sequences, each from the start of its own
+    // blocks, one after another in the call: V runs start wherever the
+    // sequences before leave them, and one tile can hold two sequences.
+    std::vector<int64_t> blocks(g.num_blocks);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    size_t next_block = 0;
+    while (static_cast<int>(slots.size()) < num_tokens && next_block < blocks.size()) {
+      const int len = 1 + static_cast<int>(rng() % (3 * g.block_size));
+      for (int t = 0; t < len && static_cast<int>(slots.size()) < num_tokens; ++t) {
+        if (t % g.block_size == 0 && next_block == blocks.size()) break;
+        if (t % g.block_size == 0) ++next_block;
+        slots.push_back(blocks[next_block - 1] * g.block_size + t % g.block_size);
+      }
+    }
+    while (static_cast<int>(slots.size()) < num_tokens) slots.push_back(-1);
+    return slots;
+  }
   if (shape == 0) {
     const int64_t b0 = rng() % g.num_blocks;
     std::vector<int64_t> rest;
