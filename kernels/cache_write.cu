@@ -24,8 +24,8 @@
 // shares its byte with a token another block may be writing, so the tile's
 // nibbles of one aligned 32-bit word are set together with atomics (clear
 // own bits, set own bits; the bits are disjoint, so the result does not
-// depend on the interleaving). A word is never written both ways: a run owns all of its
-// slots (slots within one call are distinct).
+// depend on the interleaving). A word is never written both ways: a run
+// owns all of its slots (slots within one call are distinct).
 // Template arguments: the input dtype, lanes per token (head size), the V
 // word's width (V bits) and whether the input rows allow 16-byte loads; the
 // K and V dtypes themselves are run-time values, every branch on them

@@ -173,22 +173,22 @@ std::vector<float> MakeSmoothing(std::mt19937& rng, int count) {
   return s;
 }
 
-// Distinct slots for num_tokens tokens, some -1, in one of three shapes:
+// Distinct slots for num_tokens tokens, some -1, in one of four shapes:
 //   - scattered: the first block_size tokens cover one block's slots in
 //     random order (tokens 2i and 2i+1 of a block, which share INT4 V
 //     bytes, are written by different warps of one call), the rest random;
 //   - a prefill as vLLM lays it out: consecutive tokens fill blocks taken
 //     in random order, from a random offset in the first block (the
 //     kernel's whole-word V path);
-//   - the same with holes (-1), which break some words' runs.
+//   - the same with holes (-1), which break some words' runs;
+//   - several sequences' prefills one after another, each from the start
+//     of its own blocks (runs start off the tile's word grid, runs cut by
+//     a tile's edge, two sequences in one tile).
 std::vector<int64_t> MakeSlots(std::mt19937& rng, const CacheGeometry& g, int num_tokens) {
   const int64_t num_slots = int64_t{g.num_blocks} * g.block_size;
   const int shape = static_cast<int>(rng() % 4);
   std::vector<int64_t> slots;
   if (shape == 3) {
-    // A prefill of several sequences, each from the start of its own
-    // blocks, one after another in the call: V runs start wherever the
-    // sequences before leave them, and one tile can hold two sequences.
     std::vector<int64_t> blocks(g.num_blocks);
     std::iota(blocks.begin(), blocks.end(), 0);
     std::shuffle(blocks.begin(), blocks.end(), rng);
