@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -408,7 +409,11 @@ class CudaWriteTest : public testing::TestWithParam<std::tuple<DType, DType>> {}
 TEST_P(CudaWriteTest, MatchesCpuBytes) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
   const auto [k_dtype, v_dtype] = GetParam();
-  const uint32_t seed = std::random_device{}();
+  // A fresh seed per run; KVPAGE_TEST_SEED=N replays the run that printed
+  // "seed=N".
+  const char* replay = std::getenv("KVPAGE_TEST_SEED");
+  const uint32_t seed = replay != nullptr ? static_cast<uint32_t>(std::strtoul(replay, nullptr, 10))
+                                          : std::random_device{}();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   std::mt19937 rng(seed);
   for (int head_size : kHeadSizes) {
