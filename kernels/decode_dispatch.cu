@@ -101,7 +101,11 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
 
 int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores) {
   if (!tensor_cores) return 512;
-  return decode::TcRingStages(geo.k_dtype, geo.head_size) > 0 ? 4096 : 2048;
+  return decode::TcRingStages(geo.k_dtype, geo.head_size) > 0 ? 8192 : 2048;
+}
+
+bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores) {
+  return !tensor_cores || decode::TcRingStages(geo.k_dtype, geo.head_size) > 0;
 }
 
 int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores) {

@@ -65,6 +65,11 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
 // shared-memory ring (no per-token records staged) longer still.
 int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores);
 
+// Whether that kernel writes out and lse itself for a sequence shorter
+// than one partition (DecodeShape::direct_output): the thread-group kernel
+// and the tensor-core kernel with a ring do.
+bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores);
+
 // Partition blocks one SM keeps resident for that kernel (its launch
 // bounds): the host sizes partitions so that the grid fills whole waves.
 int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores);

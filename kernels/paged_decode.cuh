@@ -38,14 +38,17 @@
 //   5. Writes partial_out (normalized by the partition's sum), partial_max,
 //      partial_sum (src/params.h layouts, indexed with shape.max_query_len
 //      and shape.max_partitions). A row with nothing visible in the
-//      partition writes max = -inf, sum = 0, out = 0.
+//      partition writes max = -inf, sum = 0, out = 0. The only partition of
+//      a sequence shorter than P writes out and lse instead
+//      (PartitionWritesOutput).
 // K and V are each read from DRAM once per partition; with more rows than
 // kRowTile later tiles re-read them from L2/L1.
 //
 // Reduce kernel. Grid (num_q_heads, query_len, num_seqs): merges the
 // ceil(seq_len / P) partitions (read on the device) with the max trick and
 // writes out (FP32/FP16/BF16) and lse (natural log, FP32); a row with
-// nothing visible gets zeros and -inf.
+// nothing visible gets zeros and -inf. A sequence shorter than P is left
+// alone (step 5 wrote its rows).
 //
 // Compile-time parameters are the K dtype and head size only (they fix the
 // K inner loop); V dtype, block size, GQA group and query_len are run-time
@@ -550,12 +553,70 @@ __device__ __forceinline__ int64_t PartialBase(const DecodeParams& p, const Deco
          shape.max_partitions;
 }
 
-// Index of (row, partition) of a partition kernel's block (KV head kvh).
-__device__ __forceinline__ int64_t PartialIndex(const DecodeParams& p, const DecodeShape& shape,
-                                                int seq, int kvh, int group, int row, int part) {
+// Partitions of a sequence of `len` tokens (0 for len <= 0); those past
+// max_partitions do not exist (a length beyond the capacity is cut there).
+__device__ __forceinline__ int PartitionCount(const DecodeShape& shape, int len) {
+  return len > 0
+             ? min((len + shape.partition_size - 1) / shape.partition_size, shape.max_partitions)
+             : 0;
+}
+
+// Whether the one partition of a sequence of `len` tokens writes the rows'
+// out and lse itself (shape.direct_output), the reduce kernel then leaving
+// the sequence alone: short sequences, and partitions as long as the
+// context, so skip the reduce's round trip. A length of exactly one
+// partition keeps the merge: the partition kernel tests this on its
+// partition's n_valid (= len for partition 0 when len <= P), which its
+// loops keep in a register anyway.
+__device__ __forceinline__ bool PartitionWritesOutput(const DecodeShape& shape, int len) {
+  return shape.direct_output && len > 0 &&
+         (len < shape.partition_size || shape.max_partitions == 1);
+}
+__device__ __forceinline__ bool PartitionWritesOutput(const DecodeShape& shape,
+                                                      const PartitionState& st) {
+  return st.part == 0 && PartitionWritesOutput(shape, st.n_valid);
+}
+
+// Where a partition block stores a query row's results: its partials, or
+// with `direct` (PartitionWritesOutput) the row's output and lse.
+// RowOutIndex is the element index of channel 0 (in partial_out, or in
+// out); StoreRowOut stores a channel's value there.
+__device__ __forceinline__ int64_t RowOutIndex(const DecodeParams& p, const DecodeShape& shape,
+                                               const PartitionState& st, bool direct, int row) {
   const int gi = row / p.query_len;
   const int i = row - gi * p.query_len;
-  return PartialBase(p, shape, seq, i, kvh * group + gi) + part;
+  const int h = st.kvh * st.group + gi;
+  if (direct) {
+    return (int64_t{st.seq} * p.query_len + i) * p.out_stride + int64_t{h} * p.geo.head_size;
+  }
+  return (PartialBase(p, shape, st.seq, i, h) + st.part) * p.geo.head_size;
+}
+__device__ __forceinline__ void StoreRowOut(const DecodeParams& p, const DecodeWorkspace& ws,
+                                            bool direct, int64_t index, float v) {
+  if (direct) {
+    StoreFromFloat(p.out_dtype, p.out, index, v);
+  } else {
+    ws.partial_out[index] = v;
+  }
+}
+// The row's largest logit `max` (natural log units) and sum(exp(l - max)):
+// partial_max / partial_sum, or the lse (-inf when nothing was visible).
+__device__ __forceinline__ void StoreRowStats(const DecodeParams& p, const DecodeShape& shape,
+                                              const DecodeWorkspace& ws, const PartitionState& st,
+                                              bool direct, int row, float max, float sum) {
+  const int gi = row / p.query_len;
+  const int i = row - gi * p.query_len;
+  const int h = st.kvh * st.group + gi;
+  if (direct) {
+    if (p.lse != nullptr) {
+      p.lse[(int64_t{st.seq} * p.query_len + i) * p.num_q_heads + h] =
+          sum > 0.0f ? max + logf(sum) : -INFINITY;
+    }
+  } else {
+    const int64_t at = PartialBase(p, shape, st.seq, i, h) + st.part;
+    ws.partial_max[at] = max;
+    ws.partial_sum[at] = sum;
+  }
 }
 
 // 4 blocks (16 warps) per SM: at most 128 registers a thread. The one-row
@@ -603,11 +664,12 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
 // The partition's physical block ids -> blk_s (shared by every phase and
 // row tile). In checked mode a block id outside [0, num_blocks) is
 // reported, the partition's partials are written as "nothing visible" for
-// every row, and false is returned: the caller exits without reading any
-// block. All threads must call.
+// every row (or out and lse, PartitionWritesOutput, where the kernel
+// writes them: `kernel_writes_output`, a constant), and false is returned:
+// the caller exits without reading any block. All threads must call.
 __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const DecodeShape& shape,
                                               const DecodeWorkspace& ws, const PartitionState& st,
-                                              int* blk_s) {
+                                              int* blk_s, bool kernel_writes_output = true) {
   __shared__ int bad_block;
   const CacheGeometry& g = p.geo;
   const int D = g.head_size;
@@ -627,15 +689,12 @@ __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const Decod
   }
   __syncthreads();
   if (!bad_block) return true;
+  const bool direct = kernel_writes_output && PartitionWritesOutput(shape, st);
   for (int idx = tid; idx < st.rows * D; idx += blockDim.x) {
     const int r = idx / D;
     const int d = idx - r * D;
-    const int64_t base = PartialIndex(p, shape, st.seq, st.kvh, st.group, r, st.part);
-    ws.partial_out[base * D + d] = 0.0f;
-    if (d == 0) {
-      ws.partial_max[base] = -INFINITY;
-      ws.partial_sum[base] = 0.0f;
-    }
+    StoreRowOut(p, ws, direct, RowOutIndex(p, shape, st, direct, r) + d, 0.0f);
+    if (d == 0) StoreRowStats(p, shape, ws, st, direct, r, -INFINITY, 0.0f);
   }
   return false;
 }
@@ -763,7 +822,8 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
     DispatchValuePhase<kRows>(g.v_dtype, va);
     __syncthreads();
 
-    // Phase 5: merge the teams, normalize, write the partials.
+    // Phase 5: merge the teams, normalize, write the partials (or out).
+    const bool direct = PartitionWritesOutput(shape, st);
     for (int idx = tid; idx < rt * D; idx += kThreads) {
       const int r = idx / D;
       const int d = idx - r * D;
@@ -771,12 +831,8 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
       for (int t = 0; t < vm.teams; ++t) s += smem[st.lay.vred + (t * rt + r) * D + d];
       const float sum = smem[st.lay.row_sum + r];
       const float o = sum > 0.0f ? (s + smem[st.lay.row_pm + r]) / sum : 0.0f;
-      const int64_t base = PartialIndex(p, shape, st.seq, st.kvh, st.group, r0 + r, st.part);
-      ws.partial_out[base * D + d] = o;
-      if (d == 0) {
-        ws.partial_max[base] = smem[st.lay.row_max + r];
-        ws.partial_sum[base] = sum;
-      }
+      StoreRowOut(p, ws, direct, RowOutIndex(p, shape, st, direct, r0 + r) + d, o);
+      if (d == 0) StoreRowStats(p, shape, ws, st, direct, r0 + r, smem[st.lay.row_max + r], sum);
     }
   }
 }
@@ -800,13 +856,14 @@ __global__ void __launch_bounds__(kBlock)
   const int D = p.geo.head_size;
   const int tid = threadIdx.x;
   const int len = SequenceLength(p, s);
-  const int P = shape.partition_size;
-  const int nparts = len > 0 ? min((len + P - 1) / P, shape.max_partitions) : 0;
+  const int nparts = PartitionCount(shape, len);
+  const bool written = PartitionWritesOutput(shape, len);
   const int64_t base = PartialBase(p, shape, s, i, h);
   const int64_t row = int64_t{s} * p.query_len + i;
   // Everything above reads the caller's inputs, which were complete before
   // the partition kernel started; the partials are its results.
   WaitForPrerequisiteGrid();
+  if (written) return;  // by the sequence's one partition
   // out = acc / total (sum of the weights), lse = m + log(total); total >= 1
   // whenever anything was visible (the partition holding the maximum
   // contributes exp(0) * sum >= 1).

@@ -193,7 +193,7 @@ KVP_HOST_DEVICE constexpr TcSmemLayout MakeTcSmemLayout(const CacheGeometry &g, 
 struct TcRowMerge {
   float coef[kWarps];
   float add;
-  int index_lo, index_hi;  // PartialIndex of the row, split in two words
+  int index_lo, index_hi;  // RowOutIndex of the row, split in two words
   float pad;
 };
 static_assert(sizeof(TcRowMerge) == 8 * sizeof(float), "TcSmemLayout::row holds 8 words a row");
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   __shared__ unsigned vmax_bits;
   if (tid == 0) vmax_bits = 0u;  // ordered by StageBlockIds' barriers
   int *blk_s = reinterpret_cast<int *>(smem + lay.blk);
-  if (!StageBlockIds(p, shape, ws, st, blk_s)) return;
+  if (!StageBlockIds(p, shape, ws, st, blk_s, kRing)) return;
   const uint8_t *k_head = p.layer + g.k_data_offset() + int64_t{st.kvh} * g.k_head_stride();
   const uint8_t *v_head = p.layer + g.v_data_offset() + int64_t{st.kvh} * g.v_head_stride();
   const int64_t k_block_stride = g.k_block_stride();
@@ -957,6 +957,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     }
     __syncthreads();
     const int live_rows = min(kPassRows, st.rows - r0);
+    // Only the ring kernel has the registers: the 168-register kernels
+    // spilled three times as much with the direct stores compiled in.
+    const bool direct = kRing && PartitionWritesOutput(shape, st);
     auto *merge = reinterpret_cast<TcRowMerge *>(smem + lay.row);
     if (tid < live_rows) {
       const int r = tid;
@@ -977,13 +980,12 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) mg.coef[w] = f[w] * inv_vfac * inv;
       mg.add = pm * inv;
-      const int64_t base = PartialIndex(p, shape, st.seq, st.kvh, st.group, r0 + r, st.part);
-      mg.index_lo = static_cast<int>(base & 0xFFFFFFFF);
-      mg.index_hi = static_cast<int>(base >> 32);
+      const int64_t at = RowOutIndex(p, shape, st, direct, r0 + r);
+      mg.index_lo = static_cast<int>(at & 0xFFFFFFFF);
+      mg.index_hi = static_cast<int>(at >> 32);
       mg.pad = 0.0f;
       merge[r] = mg;
-      ws.partial_max[base] = m * kLn2;  // natural log units, as the reduce expects
-      ws.partial_sum[base] = sum;
+      StoreRowStats(p, shape, ws, st, direct, r0 + r, m * kLn2, sum);  // natural log units
     }
     __syncthreads();
     constexpr int kQuads = D / 4;
@@ -1000,9 +1002,17 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         acc.z = fmaf(mg.coef[w], v.z, acc.z);
         acc.w = fmaf(mg.coef[w], v.w, acc.w);
       }
-      const int64_t base =
-          (int64_t{mg.index_hi} << 32) | static_cast<int64_t>(static_cast<uint32_t>(mg.index_lo));
-      *reinterpret_cast<float4 *>(ws.partial_out + base * D + d) = acc;
+      const int64_t at = ((int64_t{mg.index_hi} << 32) |
+                          static_cast<int64_t>(static_cast<uint32_t>(mg.index_lo))) +
+                         d;
+      if (direct) {
+        StoreFromFloat(p.out_dtype, p.out, at + 0, acc.x);
+        StoreFromFloat(p.out_dtype, p.out, at + 1, acc.y);
+        StoreFromFloat(p.out_dtype, p.out, at + 2, acc.z);
+        StoreFromFloat(p.out_dtype, p.out, at + 3, acc.w);
+      } else {
+        *reinterpret_cast<float4*>(ws.partial_out + at) = acc;
+      }
     }
     __syncthreads();  // the next pass reuses stat / row / out
     if (r0 + kPassRows < st.rows) load_first_steps();

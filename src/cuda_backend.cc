@@ -179,7 +179,7 @@ class CudaBackend final : public Backend {
   }
 
   // Partition size: the largest of MaxPartitionSize..32 (512 for the
-  // thread-group kernel, 2048 for the tensor-core one, 4096 with its ring)
+  // thread-group kernel, 2048 for the tensor-core one, 8192 with its ring)
   // whose shared memory fits the kernel's resident blocks on an SM, or a
   // half of it, by the wave model of src/decode_partition.h with this
   // device's SMs and the kernel's resident blocks. Depends on capacities
@@ -192,6 +192,7 @@ class CudaBackend final : public Backend {
     s.path = PathFromEnvironment();
     s.dependent_reduce = cc_major_ >= 9 && DependentReduceFromEnvironment();
     const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
+    s.direct_output = kernels::PartitionKernelWritesOutput(geo, tc);
     // The kernels' register budgets are cut for DecodeBlocksPerSm resident
     // blocks: the partition's shared memory should let that many share an
     // SM too, and must fit one block.

@@ -92,6 +92,10 @@ struct DecodeShape {
   int32_t partition_size = 0;   // tokens per split-K partition, a multiple of 32
   int32_t max_partitions = 0;   // ceil(max_context_len / partition_size)
   DecodePath path = DecodePath::kAuto;
+  // The partition kernel writes out and lse itself for a sequence shorter
+  // than one partition, which the reduce kernel then skips (where the
+  // kernel has the registers for it: kernels/launch.h).
+  bool direct_output = false;
   // The reduce kernel is launched as a programmatic dependent of the
   // partition kernel (sm_90+): its blocks start while the partition grid
   // drains and wait for its results on the device.

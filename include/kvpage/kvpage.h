@@ -398,7 +398,9 @@ typedef struct kvp_decode_config {
   int32_t out_dtype;       /* FP32, FP16 or BF16; default BF16 */
   /* Optional caller-owned workspace of at least kvp_decode_workspace_size()
    * bytes in the cache's memory space, 256-byte aligned; NULL = owned by the
-   * decoder (from the cache's kvp_allocator when it has one). */
+   * decoder (from the cache's kvp_allocator when it has one). It is scratch
+   * for the decodes: decoders used one after another on one stream may
+   * share one. */
   void* workspace;
   uint64_t workspace_bytes;
 } kvp_decode_config;

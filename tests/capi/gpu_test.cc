@@ -612,7 +612,29 @@ TEST(GpuDecode, CallerOwnedWorkspace) {
   for (int64_t i = 0; i < int64_t(h_q.size() / 2); ++i) {
     ASSERT_TRUE(std::isfinite(LoadElement(KVP_DTYPE_BF16, ra.data(), i))) << i;
   }
+  // Decoders used in turn on one stream may share a workspace, with other
+  // lengths each time (shorter ones, over the same tables).
+  kvp_decoder* twin = nullptr;
+  dc.workspace = ws;
+  dc.workspace_bytes = need;
+  ASSERT_OK(kvp_decoder_create(twins.gpu(), &dc, &twin));
+  const std::vector<std::vector<int32_t>> later = {{777, 1, 513}, {0, 300, 776}, {64, 299, 777}};
+  for (size_t k = 0; k < later.size(); ++k) {
+    SCOPED_TRACE(absl::StrFormat("lengths %d, %d, %d", later[k][0], later[k][1], later[k][2]));
+    std::vector<int32_t> lk = later[k];
+    for (int s = 0; s < 3; ++s) lk[s] = std::min(lk[s], l.lens[s]);
+    ASSERT_CUDA(cudaMemcpy(dlens.get(), lk.data(), 3 * sizeof(int32_t), cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemset(out_a.get(), 0xFF, h_q.size()));
+    ASSERT_CUDA(cudaMemset(out_b.get(), 0xFF, h_q.size()));
+    a.out = out_a.get();
+    ASSERT_OK(kvp_decode(k % 2 == 0 ? twin : dec, &a, nullptr));
+    a.out = out_b.get();
+    ASSERT_OK(kvp_decode(own, &a, nullptr));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(out_a.Read(h_q.size()), out_b.Read(h_q.size()));
+  }
   kvp_decoder_destroy(dec);
+  kvp_decoder_destroy(twin);
   kvp_decoder_destroy(own);
   cudaFree(ws);
 }

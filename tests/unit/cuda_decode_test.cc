@@ -340,6 +340,8 @@ void RunCase(const Case &c) {
   shape.partition_size = c.partition_size;
   shape.max_partitions = (p.max_context_len + c.partition_size - 1) / c.partition_size;
   shape.path = c.path;
+  shape.direct_output = kernels::PartitionKernelWritesOutput(
+      geo, kernels::DecodeUsesTensorCores(geo, c.group * shape.max_query_len, c.path));
   const size_t partials = static_cast<size_t>(shape.max_num_seqs) * shape.max_query_len * hq *
                           std::max(shape.max_partitions, 1);
   DeviceBuffer d_cache(cache.size()), d_q(q.size()), d_out(out_bytes),
