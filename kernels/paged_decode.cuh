@@ -581,15 +581,24 @@ __device__ __forceinline__ bool PartitionWritesOutput(const DecodeShape& shape,
 // with `direct` (PartitionWritesOutput) the row's output and lse.
 // RowOutIndex is the element index of channel 0 (in partial_out, or in
 // out); StoreRowOut stores a channel's value there.
+// Row r of a partition block: query token r % query_len of query head
+// kvh * group + r / query_len.
+struct RowCoords {
+  int token, head;
+};
+__device__ __forceinline__ RowCoords RowOf(const DecodeParams& p, const PartitionState& st,
+                                           int row) {
+  const int gi = row / p.query_len;
+  return {row - gi * p.query_len, st.kvh * st.group + gi};
+}
 __device__ __forceinline__ int64_t RowOutIndex(const DecodeParams& p, const DecodeShape& shape,
                                                const PartitionState& st, bool direct, int row) {
-  const int gi = row / p.query_len;
-  const int i = row - gi * p.query_len;
-  const int h = st.kvh * st.group + gi;
+  const RowCoords rc = RowOf(p, st, row);
   if (direct) {
-    return (int64_t{st.seq} * p.query_len + i) * p.out_stride + int64_t{h} * p.geo.head_size;
+    return (int64_t{st.seq} * p.query_len + rc.token) * p.out_stride +
+           int64_t{rc.head} * p.geo.head_size;
   }
-  return (PartialBase(p, shape, st.seq, i, h) + st.part) * p.geo.head_size;
+  return (PartialBase(p, shape, st.seq, rc.token, rc.head) + st.part) * p.geo.head_size;
 }
 __device__ __forceinline__ void StoreRowOut(const DecodeParams& p, const DecodeWorkspace& ws,
                                             bool direct, int64_t index, float v) {
@@ -604,16 +613,14 @@ __device__ __forceinline__ void StoreRowOut(const DecodeParams& p, const DecodeW
 __device__ __forceinline__ void StoreRowStats(const DecodeParams& p, const DecodeShape& shape,
                                               const DecodeWorkspace& ws, const PartitionState& st,
                                               bool direct, int row, float max, float sum) {
-  const int gi = row / p.query_len;
-  const int i = row - gi * p.query_len;
-  const int h = st.kvh * st.group + gi;
+  const RowCoords rc = RowOf(p, st, row);
   if (direct) {
     if (p.lse != nullptr) {
-      p.lse[(int64_t{st.seq} * p.query_len + i) * p.num_q_heads + h] =
+      p.lse[(int64_t{st.seq} * p.query_len + rc.token) * p.num_q_heads + rc.head] =
           sum > 0.0f ? max + logf(sum) : -INFINITY;
     }
   } else {
-    const int64_t at = PartialBase(p, shape, st.seq, i, h) + st.part;
+    const int64_t at = PartialBase(p, shape, st.seq, rc.token, rc.head) + st.part;
     ws.partial_max[at] = max;
     ws.partial_sum[at] = sum;
   }
@@ -669,7 +676,7 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
 // the caller exits without reading any block. All threads must call.
 __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const DecodeShape& shape,
                                               const DecodeWorkspace& ws, const PartitionState& st,
-                                              int* blk_s, bool kernel_writes_output = true) {
+                                              int* blk_s, bool kernel_writes_output) {
   __shared__ int bad_block;
   const CacheGeometry& g = p.geo;
   const int D = g.head_size;
@@ -743,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
 
   // The partition's block ids and V scales, shared by every row tile.
   int* blk_s = reinterpret_cast<int*>(smem + st.lay.blk);
-  if (!StageBlockIds(p, shape, ws, st, blk_s)) return;
+  if (!StageBlockIds(p, shape, ws, st, blk_s, true)) return;
   StageTokenScales(g.v_dtype,
                    p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride(),
                    g.v_scale_block_stride(), g.v_scale_entry_bytes(), st, bs, blk_s,

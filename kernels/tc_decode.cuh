@@ -957,8 +957,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     }
     __syncthreads();
     const int live_rows = min(kPassRows, st.rows - r0);
-    // Only the ring kernel has the registers: the 168-register kernels
-    // spilled three times as much with the direct stores compiled in.
+    // Only the ring kernel writes out directly: compiled into the
+    // 168-register kernels, the direct stores cost them 2-3% on multi-wave
+    // grids (docs/PERF_NOTES.md, session 10).
     const bool direct = kRing && PartitionWritesOutput(shape, st);
     auto *merge = reinterpret_cast<TcRowMerge *>(smem + lay.row);
     if (tid < live_rows) {

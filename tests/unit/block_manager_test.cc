@@ -17,17 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
+#include "tests/common/fresh_seed.h"
 
 namespace kvpage {
 namespace {
-
-// Every test draws fresh inputs; KVPAGE_TEST_SEED replays a failing run.
-uint32_t TestSeed() {
-  if (const char* env = std::getenv("KVPAGE_TEST_SEED")) {
-    return static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
-  }
-  return std::random_device{}();
-}
 
 int Uniform(std::mt19937& rng, int lo, int hi) {  // Inclusive.
   return std::uniform_int_distribution<int>(lo, hi)(rng);
@@ -117,7 +110,7 @@ void ExpectSameState(const State& before, const State& after) {
 // Unit tests.
 
 TEST(BlockManagerTest, AppendSlotsAcrossBlockBoundaries) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   for (int32_t bs : {8, 16, 32}) {
@@ -166,7 +159,7 @@ TEST(BlockManagerTest, AppendSlotsAcrossBlockBoundaries) {
 }
 
 TEST(BlockManagerTest, SingleSequenceSlotsAreConsecutive) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   const int32_t bs = 16;
@@ -188,7 +181,7 @@ TEST(BlockManagerTest, SingleSequenceSlotsAreConsecutive) {
 }
 
 TEST(BlockManagerTest, ForkSharesBlocks) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   const int32_t bs = 8 << Uniform(rng, 0, 2);
@@ -229,7 +222,7 @@ std::pair<int64_t, int64_t> ForkedPair(BlockManager& bm, int32_t len) {
 }
 
 TEST(BlockManagerTest, CopyOnWriteOnSharedPartialBlock) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   for (int32_t bs : {8, 16, 32}) {
@@ -292,7 +285,7 @@ TEST(BlockManagerTest, CopyOnWriteOnSharedPartialBlock) {
 }
 
 TEST(BlockManagerTest, NoCopyWhenLastBlockFullOrUnshared) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   const int32_t bs = 8 << Uniform(rng, 0, 2);
@@ -358,7 +351,7 @@ TEST(BlockManagerTest, NoCopyWhenLastBlockFullOrUnshared) {
 }
 
 TEST(BlockManagerTest, TruncateReleasesBlocksAndAppendReallocates) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   for (int32_t bs : {8, 16, 32}) {
@@ -407,7 +400,7 @@ TEST(BlockManagerTest, TruncateReleasesBlocksAndAppendReallocates) {
 }
 
 TEST(BlockManagerTest, TruncateSharedSequence) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   const int32_t bs = 16;
@@ -434,7 +427,7 @@ TEST(BlockManagerTest, TruncateSharedSequence) {
 }
 
 TEST(BlockManagerTest, FreeAndUnknownIds) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   const int32_t bs = 8;
@@ -484,7 +477,7 @@ TEST(BlockManagerTest, FreeAndUnknownIds) {
 }
 
 TEST(BlockManagerTest, NegativeTokenCount) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   BlockManager bm(16, 16);
@@ -501,7 +494,7 @@ TEST(BlockManagerTest, NegativeTokenCount) {
 }
 
 TEST(BlockManagerTest, LengthOverflowIsRejected) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   // Huge blocks, so that more than INT32_MAX tokens would fit in the free
@@ -523,7 +516,7 @@ TEST(BlockManagerTest, LengthOverflowIsRejected) {
 }
 
 TEST(BlockManagerTest, OutOfBlocksChangesNothing) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   for (int32_t bs : {8, 16, 32}) {
@@ -572,7 +565,7 @@ TEST(BlockManagerTest, OutOfBlocksChangesNothing) {
 }
 
 TEST(BlockManagerTest, CopyFailureChangesNothing) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   for (int32_t bs : {8, 16, 32}) {
@@ -639,7 +632,7 @@ TEST(BlockManagerTest, CopyFailureChangesNothing) {
 }
 
 TEST(BlockManagerTest, ExportBlockTable) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   const int32_t bs = 8 << Uniform(rng, 0, 2);
@@ -689,7 +682,7 @@ TEST(BlockManagerTest, ExportBlockTable) {
 }
 
 TEST(BlockManagerTest, ExportBlockTableErrorsWriteNothing) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   const int32_t bs = 16;
@@ -1141,7 +1134,7 @@ class ModelRun {
 };
 
 TEST(BlockManagerModelTest, RandomOperationsMatchModel) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   constexpr int kConfigs = 8;
@@ -1178,7 +1171,7 @@ TEST(BlockManagerModelTest, RandomOperationsMatchModel) {
 // reference count, breaks that or the final accounting.
 
 TEST(BlockManagerThreadTest, ConcurrentOperations) {
-  const uint32_t seed = TestSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrCat("seed = ", seed));
   std::mt19937 rng(seed);
   const int num_threads = Uniform(rng, 4, 8);

@@ -48,6 +48,7 @@
 #include "src/formats.h"
 #include "src/geometry.h"
 #include "src/params.h"
+#include "tests/common/fresh_seed.h"
 
 #if KVPAGE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -460,15 +461,6 @@ void RunCase(const Case &c) {
 
 bool HaveGpu() { return CudaDeviceCount() > 0; }
 
-// A fresh seed per run; KVPAGE_TEST_SEED=N replays the run that printed
-// "seed=N".
-uint32_t FreshSeed() {
-  if (const char *s = std::getenv("KVPAGE_TEST_SEED")) {
-    return static_cast<uint32_t>(std::strtoul(s, nullptr, 10));
-  }
-  return std::random_device{}();
-}
-
 // Lengths around the interesting boundaries of (block size, partition
 // size, query length), plus random ones.
 std::vector<int32_t> BoundaryLens(std::mt19937 &rng, int bs, int P, int qlen, int n, int max_len) {
@@ -526,7 +518,7 @@ Case RandomCase(std::mt19937 &rng, DType k, DType v, int D, int bs) {
 
 TEST(CudaDecodeSmall, EveryDtypeShort) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   const DType vs[] = {DType::kINT4, DType::kFP8E4M3, DType::kBF16, DType::kINT8, DType::kFP16};
@@ -557,7 +549,7 @@ TEST(CudaDecodeSmall, EveryDtypeShort) {
 
 TEST(CudaDecodeSmall, ManyRowsAndTails) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   Case c;
@@ -578,7 +570,7 @@ TEST(CudaDecodeSmall, ManyRowsAndTails) {
 // takes 64 tokens per step), every option somewhere.
 TEST(CudaDecodeSmall, TensorCoresEveryDtype) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   int n = 0;
@@ -616,7 +608,7 @@ TEST(CudaDecodeSmall, TensorCoresEveryDtype) {
 // 64/128/256) x block sizes x random options, GQA 1/4/8/16.
 TEST(CudaDecode, TensorCoreMatrix) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   for (DType t : kCacheDTypes) {
@@ -636,7 +628,7 @@ TEST(CudaDecode, TensorCoreMatrix) {
 
 TEST(CudaDecode, DtypeHeadBlockMatrix) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   for (DType k : kCacheDTypes) {
@@ -656,7 +648,7 @@ TEST(CudaDecode, DtypeHeadBlockMatrix) {
 
 TEST(CudaDecode, OptionsAndIoDtypes) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   const DType pairs[][2] = {{DType::kBF16, DType::kBF16},
@@ -694,7 +686,7 @@ TEST(CudaDecode, OptionsAndIoDtypes) {
 
 TEST(CudaDecode, PartitionBoundaries) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   // Any multiple of 32 is a valid partition size (DecodeShape): powers of
@@ -725,7 +717,7 @@ TEST(CudaDecode, PartitionBoundaries) {
 
 TEST(CudaDecode, LargeGroups) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   const int configs[][2] = {{64, 8}, {64, 1}, {24, 2}, {16, 4}, {7, 3}, {32, 1}};
@@ -751,7 +743,7 @@ TEST(CudaDecode, LargeGroups) {
 
 TEST(CudaDecode, EmptyAndInvisible) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   Case c;
@@ -774,7 +766,7 @@ TEST(CudaDecode, EmptyAndInvisible) {
 
 TEST(CudaDecode, LongContext) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   const DType kv[][2] = {{DType::kBF16, DType::kBF16},
@@ -820,7 +812,7 @@ TEST(CudaDecode, LongContext) {
 // longest partition and at short ones.
 TEST(CudaDecode, VScalesAlongTheSequence) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshSeed();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE("seed=" + std::to_string(seed));
   std::mt19937 rng(seed);
   for (DType t : {DType::kINT4, DType::kINT8, DType::kFP8E4M3, DType::kBF16}) {

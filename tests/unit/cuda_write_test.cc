@@ -25,6 +25,7 @@
 #include "src/formats.h"
 #include "src/geometry.h"
 #include "src/params.h"
+#include "tests/common/fresh_seed.h"
 
 #if KVPAGE_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -409,11 +410,7 @@ class CudaWriteTest : public testing::TestWithParam<std::tuple<DType, DType>> {}
 TEST_P(CudaWriteTest, MatchesCpuBytes) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
   const auto [k_dtype, v_dtype] = GetParam();
-  // A fresh seed per run; KVPAGE_TEST_SEED=N replays the run that printed
-  // "seed=N".
-  const char* replay = std::getenv("KVPAGE_TEST_SEED");
-  const uint32_t seed = replay != nullptr ? static_cast<uint32_t>(std::strtoul(replay, nullptr, 10))
-                                          : std::random_device{}();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   std::mt19937 rng(seed);
   for (int head_size : kHeadSizes) {
@@ -454,7 +451,7 @@ INSTANTIATE_TEST_SUITE_P(CudaWrite, CudaWriteTest,
 // bytes and the counters' per-warp atomics under real concurrency.
 TEST(CudaWriteLarge, ManyTokensMatchCpu) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   std::mt19937 rng(seed);
   for (DType v_dtype : {DType::kINT4, DType::kINT4, DType::kINT8, DType::kFP16}) {
@@ -477,7 +474,7 @@ TEST(CudaWriteLarge, ManyTokensMatchCpu) {
 // of significands, and random scales and values of every exponent.
 TEST(CudaQuantizer, ScaleDivisionIsExact) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   constexpr int64_t kRandomPairs = int64_t{1} << 30;
   DeviceBuffer counts(3 * sizeof(unsigned long long));
@@ -497,7 +494,7 @@ TEST(CudaQuantizer, ScaleDivisionIsExact) {
 // host validates them where it can; the kernel must never write there).
 TEST(CudaWriteSlots, OutOfRangeSlotsWriteNothing) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   std::mt19937 rng(seed);
   WriteCase c;
@@ -611,7 +608,7 @@ TEST(CudaWriteBench, DISABLED_Bandwidth) {
 
 TEST(CudaCopyBlocks, MatchesCpu) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  const uint32_t seed = std::random_device{}();
+  const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   std::mt19937 rng(seed);
   for (int iter = 0; iter < 60; ++iter) {

@@ -1,0 +1,21 @@
+// The seed of a test's random inputs: fresh each run, or the one named by
+// KVPAGE_TEST_SEED=N, which replays the run that printed "seed=N".
+#ifndef KVPAGE_TESTS_COMMON_FRESH_SEED_H_
+#define KVPAGE_TESTS_COMMON_FRESH_SEED_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+
+namespace kvpage {
+
+inline uint32_t FreshTestSeed() {
+  if (const char* env = std::getenv("KVPAGE_TEST_SEED")) {
+    return static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+  }
+  return std::random_device{}();
+}
+
+}  // namespace kvpage
+
+#endif  // KVPAGE_TESTS_COMMON_FRESH_SEED_H_
