@@ -21,11 +21,11 @@
 //      (a prefill's slot mapping does that), no atomics.
 // A token outside such a run (a decode step's scattered slots, a run cut by
 // the tile's edge) has its V stored element by element; an INT4 nibble then
-// shares its byte with a token another block may be writing, so each
-// nibble is set with atomics on its aligned 32-bit word (clear own bits,
-// set own bits; the bits are disjoint, so the result does not depend on the
-// interleaving). A word is never written both ways: a run owns all of its
-// slots (slots within one call are distinct).
+// shares its byte with a token another block may be writing, so the tile's
+// nibbles of one aligned 32-bit word are set together with atomics (clear
+// own bits, set own bits; the bits are disjoint, so the result does not
+// depend on the interleaving). A word is never written both ways: a run
+// owns all of its slots (slots within one call are distinct).
 // Template arguments: the input dtype, lanes per token (head size), the V
 // word's width (V bits) and whether the input rows allow 16-byte loads; the
 // K and V dtypes themselves are run-time values, every branch on them
@@ -272,16 +272,40 @@ __device__ __forceinline__ void StageKRow(const CacheGeometry& g, int lane, uint
   for (int b = data_bytes + lane; b < g.k_chunks() * 16; b += kLanes) row[b] = 0;
 }
 
-// One INT4 nibble at `byte` (bit `shift`), without disturbing the other
-// nibble, which another block may be writing at the same time.
-__device__ __forceinline__ void StoreNibble(uint8_t* byte, int shift, uint16_t code) {
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(byte);
-  unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
-  const int sh = static_cast<int>(addr & 3) * 8 + shift;
-  const unsigned int set = static_cast<unsigned int>(code & 0xF) << sh;
-  const unsigned int clear = static_cast<unsigned int>(~code & 0xF) << sh;
+// Sets the bits `mask` of `*word` to `bits` (a subset of mask) without
+// disturbing the others, which another block may be writing at the same
+// time: an AND for the zeros, an OR for the ones.
+__device__ __forceinline__ void StoreBitsAtomically(unsigned int* word, unsigned int mask,
+                                                    unsigned int bits) {
+  const unsigned int clear = mask & ~bits;
   if (clear != 0) atomicAnd(word, ~clear);
-  if (set != 0) atomicOr(word, set);
+  if (bits != 0) atomicOr(word, bits);
+}
+
+// The INT4 codes of lone tokens (bit j of `tokens`: token j of the tile)
+// of one V channel row, each a nibble at dst(j) (bit shift(j)). Nibbles
+// that share an aligned 32-bit word — consecutive tokens of a run cut by
+// the tile's edge, the usual case — are set together: one atomic pair per
+// word instead of one per token.
+template <typename Dst, typename Shift, typename Code>
+__device__ __forceinline__ void StoreLoneNibbles(uint32_t tokens, Dst&& dst, Shift&& shift,
+                                                 Code&& code) {
+  unsigned int* word = nullptr;
+  unsigned int mask = 0, bits = 0;
+  for (; tokens != 0; tokens &= tokens - 1) {
+    const int j = __ffs(tokens) - 1;
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(dst(j));
+    unsigned int* const w = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
+    if (w != word) {
+      if (word != nullptr) StoreBitsAtomically(word, mask, bits);
+      word = w;
+      mask = bits = 0;
+    }
+    const int sh = static_cast<int>(addr & 3) * 8 + shift(j);
+    mask |= 0xFu << sh;
+    bits |= static_cast<unsigned int>(code(j) & 0xF) << sh;
+  }
+  if (word != nullptr) StoreBitsAtomically(word, mask, bits);
 }
 
 // The V stage (per channel, the tile's codes in token order): one byte
@@ -293,15 +317,35 @@ struct VStage {
   static constexpr int kPitch = kTileTokens + 8 / static_cast<int>(sizeof(Code));
   static constexpr int kWordTokens = 32 / kVBits;  // W: tokens per V word
   // The V word of tokens j .. j + W - 1 of one channel row (token j in the
-  // lowest bits, as the CPU packs them); `aligned`: j is a multiple of W.
-  __device__ static uint32_t Word(const Code* row, int j, bool aligned) {
-    if (aligned && kVBits != 4) return *reinterpret_cast<const uint32_t*>(row + j);
-    if (aligned) {
-      // Eight 4-bit codes, one per byte: fold each byte pair into one byte
-      // (x | x >> 4 puts codes 2i, 2i+1 in byte 2i), then gather bytes
-      // 0 and 2 of both halves.
-      const uint2 u = *reinterpret_cast<const uint2*>(row + j);
-      return __byte_perm(u.x | (u.x >> 4), u.y | (u.y >> 4), 0x6420);
+  // lowest bits, as the CPU packs them), j a multiple of W. kClean: every
+  // staged byte read holds a code (high nibble zero); otherwise the bytes
+  // are masked first — a token that writes nothing leaves its stage byte
+  // unset, and the fold below ORs a byte's high nibble into the code
+  // above it (session 10's wrong V nibbles, docs/PERF_NOTES.md session 11).
+  template <bool kClean = true>
+  __device__ static uint32_t AlignedWord(const Code* row, int j) {
+    if (kVBits != 4) return *reinterpret_cast<const uint32_t*>(row + j);
+    // Eight 4-bit codes, one per byte: fold each byte pair into one byte
+    // (x | x >> 4 puts codes 2i, 2i+1 in byte 2i), then gather bytes 0 and
+    // 2 of both halves.
+    uint2 u = *reinterpret_cast<const uint2*>(row + j);
+    if (!kClean) {
+      u.x &= 0x0F0F0F0Fu;
+      u.y &= 0x0F0F0F0Fu;
+    }
+    return __byte_perm(u.x | (u.x >> 4), u.y | (u.y >> 4), 0x6420);
+  }
+  // The same for any j <= kTileTokens - W. INT4: the two aligned words
+  // around it, funnel-shifted — 2 loads instead of 8. Their bytes outside
+  // j .. j + W - 1 may be other tokens', unset ones or the row's padding:
+  // masked, then shifted out. Wider codes: code by code (the funnel form
+  // measured 3% slower there).
+  __device__ static uint32_t Word(const Code* row, int j) {
+    const int a = j & ~(kWordTokens - 1);
+    if (a == j) return AlignedWord(row, j);
+    if (kVBits == 4) {
+      return __funnelshift_r(AlignedWord<false>(row, a), AlignedWord<false>(row, a + kWordTokens),
+                             (j - a) * kVBits);
     }
     uint32_t word = 0;
 #pragma unroll
@@ -484,25 +528,28 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
     const int j0 = (i % kSlices) * W;
     if (starts & (1u << j0)) {  // the slice is one run: the common case
       *reinterpret_cast<uint32_t*>(v_data + s_v_row[j0] + d * channel_stride) =
-          VStage<kVBits>::Word(s_v[d], j0, true);
+          VStage<kVBits>::AlignedWord(s_v[d], j0);
       continue;
     }
     const uint32_t slice = ((1u << W) - 1u) << j0;
     if (starts & slice) {  // a run that starts off the slice grid
       const int j = __ffs(starts & slice) - 1;
       *reinterpret_cast<uint32_t*>(v_data + s_v_row[j] + d * channel_stride) =
-          VStage<kVBits>::Word(s_v[d], j, false);
+          VStage<kVBits>::Word(s_v[d], j);
     }
-    for (uint32_t rest = lone & slice; rest != 0; rest &= rest - 1) {
-      const int j = __ffs(rest) - 1;
-      uint8_t* const dst = v_data + s_v_row[j] + d * channel_stride;
-      const uint16_t code = s_v[d][j];
-      if (kVBits == 16) {
-        *reinterpret_cast<uint16_t*>(dst) = code;  // little-endian, as the CPU
-      } else if (kVBits == 8) {
-        *dst = static_cast<uint8_t>(code);
-      } else {
-        StoreNibble(dst, g.v_shift(s_off[j]), code);
+    auto dst = [&](int j) { return v_data + s_v_row[j] + d * channel_stride; };
+    if constexpr (kVBits == 4) {
+      StoreLoneNibbles(
+          lone & slice, dst, [&](int j) { return g.v_shift(s_off[j]); },
+          [&](int j) { return s_v[d][j]; });
+    } else {
+      for (uint32_t rest = lone & slice; rest != 0; rest &= rest - 1) {
+        const int j = __ffs(rest) - 1;
+        if (kVBits == 16) {
+          *reinterpret_cast<uint16_t*>(dst(j)) = s_v[d][j];  // little-endian, as the CPU
+        } else {
+          *dst(j) = static_cast<uint8_t>(s_v[d][j]);
+        }
       }
     }
   }

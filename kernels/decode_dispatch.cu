@@ -115,6 +115,11 @@ int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores)
   return rows <= 1 ? decode::kMinBlocksPerSmOneRow : decode::kMinBlocksPerSm;
 }
 
+int DecodeWaveBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores) {
+  if (tensor_cores && decode::TcRingStages(geo.k_dtype, geo.head_size) > 0) return 1;
+  return DecodeBlocksPerSm(geo, rows, tensor_cores);
+}
+
 size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size,
                          bool tensor_cores) {
   if (rows < 1) rows = 1;

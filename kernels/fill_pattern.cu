@@ -1,4 +1,4 @@
-// Toolchain probe kernel (see kernels/launch.h).
+// Toolchain probe and test-support kernels (see kernels/launch.h).
 #include <cuda_runtime.h>
 
 #include "kernels/launch.h"
@@ -14,7 +14,31 @@ __global__ void FillPatternKernel(uint32_t* dst, int64_t n, uint32_t seed) {
   }
 }
 
+// Every thread block takes all the shared memory a block may have and sets
+// it to 0xFF bytes.
+__global__ void PoisonSharedKernel(int words) {
+  extern __shared__ uint4 smem[];
+  for (int i = threadIdx.x; i < words; i += blockDim.x) smem[i] = make_uint4(~0u, ~0u, ~0u, ~0u);
+}
+
 }  // namespace
+
+int LaunchPoisonShared(void* stream) {
+  int device = 0, sms = 0, bytes = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) {
+    e = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(PoisonSharedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             bytes);
+  }
+  if (e != cudaSuccess) return e;
+  // One block fills an SM's shared memory; twice the SM count reaches every SM.
+  PoisonSharedKernel<<<2 * sms, 256, bytes, static_cast<cudaStream_t>(stream)>>>(bytes / 16);
+  return cudaGetLastError();
+}
 
 int LaunchFillPattern(uint32_t* dst, int64_t n, uint32_t seed, void* stream) {
   if (n <= 0) return cudaSuccess;

@@ -18,6 +18,10 @@ namespace kernels {
 // Fills dst[i] = seed * 2654435761 + i (mod 2^32) for i < n on `stream`.
 // The toolchain probe: proves .cu files compile, link and run.
 int LaunchFillPattern(uint32_t* dst, int64_t n, uint32_t seed, void* stream);
+// Tests: sets the shared memory of every SM to 0xFF bytes (blocks of the
+// largest size, on every SM), so that a kernel launched next that reads
+// shared memory it did not write sees set bits, not a lucky zero.
+int LaunchPoisonShared(void* stream);
 
 // Test support: counts where ScaleDivisor (kernels/common/quantize.cuh)
 // and __fdiv_rn disagree on `stream`: counts[0] over every pair of an FP16
@@ -73,6 +77,12 @@ bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores);
 // Partition blocks one SM keeps resident for that kernel (its launch
 // bounds): the host sizes partitions so that the grid fills whole waves.
 int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores);
+
+// Blocks per SM the wave model counts as a wave's slots: the resident
+// blocks, but one for the tensor-core kernel with a ring (INT4 at head size
+// 128), where one block an SM streamed as fast as two and fewer, longer
+// partitions won at small batches (H100, docs/PERF_NOTES.md session 11).
+int DecodeWaveBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores);
 
 // Dynamic shared memory the chosen partition kernel needs for `rows` query
 // rows per block (num_q_heads / num_kv_heads * max_query_len) and

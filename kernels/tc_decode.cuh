@@ -443,18 +443,28 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   static_assert(!kRing || kEntry == 0 ||
                     (kRecChunks >= 1 && 2 * kRecChunks <= 32 && kRecTokens <= kBS),
                 "a step's scale entries: whole 16-byte chunks, one per lane at most");
+  // Lane q < 2 * kRecChunks copies chunk q % kRecChunks of the K (q <
+  // kRecChunks) or V entries: its token offset in a step and, since steps
+  // start on a block boundary, its entry's place in the block are the same
+  // at every step. Computed here once: inside the lane-conditional copy the
+  // compiler recomputed the geometry's offsets (a division among them) at
+  // every step, ~90 instructions (docs/PERF_NOTES.md, session 11).
+  static_assert(!kRing || kStep % kBS == 0, "ring steps start on a block boundary");
+  const bool rec_is_v = lane >= kRecChunks;
+  const int rec_tok = (lane % max(kRecChunks, 1)) * kRecTokens;
+  const uint8_t* const rec_head =
+      p.layer +
+      (rec_is_v ? g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride()
+                : g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride()) +
+      (rec_tok & (bs - 1)) * kEntry;
+  const int rec_block_stride =
+      static_cast<int>(rec_is_v ? g.v_scale_block_stride() : g.k_scale_block_stride());
   auto load_rec = [&](const int s0, const int stage) {
     if (lane < 2 * kRecChunks) {
-      const bool is_v = lane >= kRecChunks;
-      const int t = s0 + (lane - (is_v ? kRecChunks : 0)) * kRecTokens;
+      const int t = s0 + rec_tok;
       const bool in = t < st.n_valid;
       const int b = in ? blk_s[t >> lbs] : 0;
-      const uint8_t *src =
-          is_v ? p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride() +
-                     int64_t{b} * g.v_scale_block_stride()
-               : p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride() +
-                     int64_t{b} * g.k_scale_block_stride();
-      CpAsync<16>(rec_slot(stage) + lane * 16, src + (t & (bs - 1)) * kEntry, in);
+      CpAsync<16>(rec_slot(stage) + lane * 16, rec_head + int64_t{b} * rec_block_stride, in);
     }
   };
   auto load_step = [&](const int s0, const int stage, const bool with_k, const bool with_v) {
@@ -482,7 +492,35 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       load_step(warp * kStep, 0, true, true);
     }
   };
+  // Register path: each step's loads are issued one step ahead, which ncu
+  // found too little to cover DRAM's latency (FP8 at B = 512: 57% of the
+  // warps' stall samples on the first use of the K codes). So the L2 fetches
+  // the K blocks of the warp's step shape.prefetch_k_steps ahead and the V
+  // blocks prefetch_v_steps ahead (0: none): one bulk prefetch per block
+  // and region from lanes 0 .. kPfBlocks - 1 (K) and the next kPfBlocks
+  // (V), no registers held. Further ahead than a step thrashed L2
+  // (docs/PERF_NOTES.md, session 11).
+  constexpr int kPfBlocks = kStep >= kBS ? kStep / kBS : 1;  // blocks a step touches
+  constexpr int kKBlockBytes = kLaneChunks * 4 * kBS * 16;   // one KV head's K of a block
+  constexpr int kVBlockBytes = D * kBS * kBits / 8;
+  const int pf_steps = kRing || lane >= 2 * kPfBlocks ? 0
+                       : lane < kPfBlocks             ? shape.prefetch_k_steps
+                                                      : shape.prefetch_v_steps;
+  const int pf_ahead = pf_steps * kWarps * kStep;  // tokens
+  // This lane's prefetch for the warp's step at s0 (its first token).
+  auto prefetch_step = [&](const int s0) {
+    const int bi = (s0 >> lbs) + lane % kPfBlocks;
+    if (s0 < st.n_valid && bi < st.nblk) {
+      const int b = blk_s[bi];
+      if (lane < kPfBlocks) {
+        PrefetchL2<kKBlockBytes>(k_head + int64_t{b} * k_block_stride);
+      } else {
+        PrefetchL2<kVBlockBytes>(v_head + int64_t{b} * v_block_stride);
+      }
+    }
+  };
   load_first_steps();
+  for (int i = 1; i < pf_steps; ++i) prefetch_step((warp + i * kWarps) * kStep);
 
   const float *rec = smem + lay.rec;
   if constexpr (!kRing) {
@@ -632,8 +670,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     }
 
     // One step of kStep tokens from s0. kFast: every token is before the
-    // sequence end and seen by every row, and there is no ALiBi or
-    // soft-cap — no per-element masks, no guarded loads.
+    // sequence end and seen by every row, there is no ALiBi or soft-cap,
+    // and the logit scale is positive — no per-element masks, no guarded
+    // loads, the scale applied to the row maxima instead of every logit.
     auto step = [&](const int s0, const int stage, auto fast) {
       constexpr bool kFast = decltype(fast)::value;
       const int span_tok = s0 + F::kSpan * tig;
@@ -742,9 +781,11 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const float sx = s[j][nt][2 * hh + e];
+              // A fast step keeps y unscaled: rfac (> 0 there) rides on the
+              // row maximum and on the FFMA before EX2, one FMUL less an element.
               float y = kInt4 ? fmaf(ks, sx, km * rsum[nt][e]) : ks * sx;
-              y *= rfac[nt][e];
               if constexpr (!kFast) {
+                y *= rfac[nt][e];
                 if (!plain) {
                   float l = y * kLn2;
                   if (cap > 0.0f) l = cap * tanhf(l);
@@ -772,7 +813,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
           m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 4));
           m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 8));
           m = fmaxf(m, __shfl_xor_sync(kFullMask, m, 16));
-          mstep[nt][e] = fmaxf(mrun[nt][e], m);
+          mstep[nt][e] = fmaxf(mrun[nt][e], kFast ? m * rfac[nt][e] : m);
           grew |= mstep[nt][e] > mrun[nt][e];
         }
       }
@@ -847,7 +888,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
               const float y = s[j][nt][2 * hh + e];
               // A masked logit is -inf; so may the row maximum be (nothing
               // seen yet): -inf - -inf must give 0, not NaN.
-              const float pr = kFast ? Exp2(y - mrun[nt][e])
+              const float pr = kFast ? Exp2(fmaf(y, rfac[nt][e], -mrun[nt][e]))
                                      : (y == -INFINITY ? 0.0f : Exp2(y - mrun[nt][e]));
               lrun[nt][e] += pr;
               if constexpr (kInt4) pmrun[nt][e] = fmaf(pr, vm[j][hh], pmrun[nt][e]);
@@ -910,7 +951,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     int stage = 0;  // the ring stage of step s0
 #pragma unroll 1
     for (int s0 = warp * kStep; s0 < st.n_valid; s0 += kWarps * kStep) {
-      const bool fast = plain && s0 + kStep <= st.n_valid && s0 >= vis_lo && s0 + kStep - 1 <= vis_hi;
+      if (pf_ahead > 0) prefetch_step(s0 + pf_ahead);
+      const bool fast = plain && q_scale > 0.0f && s0 + kStep <= st.n_valid && s0 >= vis_lo &&
+                        s0 + kStep - 1 <= vis_hi;
       if (fast) {
         step(s0, stage, std::true_type{});
       } else {

@@ -5,9 +5,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "src/backend.h"
 #include "src/decode_partition.h"
@@ -178,12 +182,33 @@ class CudaBackend final : public Backend {
     return size;
   }
 
+  // KVPAGE_DECODE_PREFETCH=K,V (each 0..4; one number sets both) sets how
+  // many steps ahead the tensor-core kernel's register path has L2 prefetch
+  // its K and V blocks (0: off; for tuning measurements, docs/PERF_NOTES.md);
+  // unset or invalid: one step each, the best measured on the H100 (two
+  // thrashed L2). Read once per process.
+  static std::pair<int32_t, int32_t> PrefetchFromEnvironment() {
+    static const std::pair<int32_t, int32_t> steps = [] {
+      const std::pair<int32_t, int32_t> measured_best{1, 1};
+      const char* v = std::getenv("KVPAGE_DECODE_PREFETCH");
+      if (v == nullptr) return measured_best;
+      const std::vector<absl::string_view> parts = absl::StrSplit(v, ',');
+      int32_t k = 0, val = 0;
+      if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &k) ||
+          !absl::SimpleAtoi(parts.back(), &val) || k < 0 || k > 4 || val < 0 || val > 4) {
+        return measured_best;
+      }
+      return std::pair<int32_t, int32_t>{k, val};
+    }();
+    return steps;
+  }
+
   // Partition size: the largest of MaxPartitionSize..32 (512 for the
   // thread-group kernel, 2048 for the tensor-core one, 8192 with its ring)
   // whose shared memory fits the kernel's resident blocks on an SM, or a
   // half of it, by the wave model of src/decode_partition.h with this
-  // device's SMs and the kernel's resident blocks. Depends on capacities
-  // only.
+  // device's SMs and the kernel's wave slots (DecodeWaveBlocksPerSm).
+  // Depends on capacities only.
   DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
     DecodeShape s;
     s.max_num_seqs = cap.max_num_seqs;
@@ -191,6 +216,7 @@ class CudaBackend final : public Backend {
     const int32_t rows = cap.num_q_heads / geo.num_kv_heads * cap.max_query_len;
     s.path = PathFromEnvironment();
     s.dependent_reduce = cc_major_ >= 9 && DependentReduceFromEnvironment();
+    std::tie(s.prefetch_k_steps, s.prefetch_v_steps) = PrefetchFromEnvironment();
     const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
     s.direct_output = kernels::PartitionKernelWritesOutput(geo, tc);
     // The kernels' register budgets are cut for DecodeBlocksPerSm resident
@@ -210,9 +236,10 @@ class CudaBackend final : public Backend {
     if (kernels::DecodeSharedBytes(geo, rows, p, tc) > resident_budget) {
       p = largest_fitting(max_shared_per_block_);  // fewer blocks per SM, then
     }
-    const int64_t slots = int64_t{num_sms_} * blocks_per_sm;
+    const int64_t slots = int64_t{num_sms_} * kernels::DecodeWaveBlocksPerSm(geo, rows, tc);
     const int32_t forced = PartitionFromEnvironment();
-    p = forced > 0 && forced <= p
+    p = forced > 0 && (forced <= p ||
+                       kernels::DecodeSharedBytes(geo, rows, forced, tc) <= resident_budget)
             ? forced
             : PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads,
                                    cap.max_context_len, slots);

@@ -100,6 +100,10 @@ struct DecodeShape {
   // partition kernel (sm_90+): its blocks start while the partition grid
   // drains and wait for its results on the device.
   bool dependent_reduce = false;
+  // The tensor-core kernel's register path has L2 fetch the K (V) blocks
+  // of the step this many steps ahead of the one it computes (0: none).
+  int32_t prefetch_k_steps = 0;
+  int32_t prefetch_v_steps = 0;
 };
 
 // Split-K scratch, carved from the decoder's workspace (all FP32):

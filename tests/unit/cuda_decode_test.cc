@@ -341,6 +341,8 @@ void RunCase(const Case &c) {
   shape.partition_size = c.partition_size;
   shape.max_partitions = (p.max_context_len + c.partition_size - 1) / c.partition_size;
   shape.path = c.path;
+  shape.prefetch_k_steps = static_cast<int32_t>(rng() % 3);  // results must not depend on them
+  shape.prefetch_v_steps = static_cast<int32_t>(rng() % 3);
   shape.direct_output = kernels::PartitionKernelWritesOutput(
       geo, kernels::DecodeUsesTensorCores(geo, c.group * shape.max_query_len, c.path));
   const size_t partials = static_cast<size_t>(shape.max_num_seqs) * shape.max_query_len * hq *

@@ -389,6 +389,10 @@ void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
   gpu.slot_mapping = reinterpret_cast<const int64_t*>(d_slots.get());
   gpu.key_smoothing = c.smoothing ? reinterpret_cast<const float*>(d_smoothing.get()) : nullptr;
   gpu.counters = reinterpret_cast<WriteCounters*>(d_counters.get());
+  // Shared memory the write leaves unset must not reach the cache: the
+  // stage bytes of tokens that write nothing were once folded into a
+  // neighbour's INT4 code (docs/PERF_NOTES.md, session 11).
+  ASSERT_EQ(kernels::LaunchPoisonShared(nullptr), cudaSuccess);
   ASSERT_EQ(kernels::LaunchCacheWrite(gpu, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
