@@ -337,8 +337,8 @@ struct VStage {
   }
   // The same for any j <= kTileTokens - W. INT4: the two aligned words
   // around it, funnel-shifted — 2 loads instead of 8. Their bytes outside
-  // j .. j + W - 1 may be other tokens', unset ones or the row's padding:
-  // masked, then shifted out. Wider codes: code by code (the funnel form
+  // j .. j + W - 1 may be other tokens' or unset ones: masked, then
+  // shifted out. Wider codes: code by code (the funnel form
   // measured 3% slower there).
   __device__ static uint32_t Word(const Code* row, int j) {
     const int a = j & ~(kWordTokens - 1);

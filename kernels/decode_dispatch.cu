@@ -99,13 +99,20 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
   return IsQuantized(geo.k_dtype) || rows >= kTensorCoreMinRows16;
 }
 
+namespace {
+// Whether the partition kernel is the tensor-core one with a ring.
+bool UsesRing(const CacheGeometry& geo, bool tensor_cores) {
+  return tensor_cores && decode::TcRingStages(geo.k_dtype, geo.head_size) > 0;
+}
+}  // namespace
+
 int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores) {
   if (!tensor_cores) return 512;
-  return decode::TcRingStages(geo.k_dtype, geo.head_size) > 0 ? 8192 : 2048;
+  return UsesRing(geo, tensor_cores) ? 8192 : 2048;
 }
 
 bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores) {
-  return !tensor_cores || decode::TcRingStages(geo.k_dtype, geo.head_size) > 0;
+  return !tensor_cores || UsesRing(geo, tensor_cores);
 }
 
 int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores) {
@@ -116,7 +123,7 @@ int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores)
 }
 
 int DecodeWaveBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores) {
-  if (tensor_cores && decode::TcRingStages(geo.k_dtype, geo.head_size) > 0) return 1;
+  if (UsesRing(geo, tensor_cores)) return 1;
   return DecodeBlocksPerSm(geo, rows, tensor_cores);
 }
 

@@ -22,6 +22,10 @@ int LaunchFillPattern(uint32_t* dst, int64_t n, uint32_t seed, void* stream);
 // largest size, on every SM), so that a kernel launched next that reads
 // shared memory it did not write sees set bits, not a lucky zero.
 int LaunchPoisonShared(void* stream);
+// Tests: adds to *count the 32-bit words that are not all ones in the
+// shared memory of 2 x SMs blocks of 48 KiB, read before any write (after
+// LaunchPoisonShared: none, where the poison reaches what kernels see).
+int LaunchCountUnpoisonedShared(unsigned int* count, void* stream);
 
 // Test support: counts where ScaleDivisor (kernels/common/quantize.cuh)
 // and __fdiv_rn disagree on `stream`: counts[0] over every pair of an FP16

@@ -19,9 +19,11 @@
 // four warps merge through shared memory at the end of the pass. A step's
 // K and V loads are issued one step ahead (K as soon as S^T has consumed
 // the previous codes, V after P.V; the first step's right after the block
-// ids, overlapping the scale records and the q operands). Steps that end
-// before the sequence and that every row sees whole, without ALiBi or
-// soft-cap, run a copy of the step without guards and masks.
+// ids, overlapping the scale records and the q operands), and L2 is asked
+// for the blocks of the step after (prefetch_k_steps / prefetch_v_steps).
+// Steps that end before the sequence and that every row sees whole,
+// without ALiBi or soft-cap and with a positive logit scale, run a copy of
+// the step without guards and masks.
 //   S^T = K Q^T:  A = K (16 tokens x 16 channels), B = Q^T (16 channels x 8
 //                 rows), C = S^T. Lane (g, t) loads 16-byte chunk 4c + t of
 //                 the two tokens of A rows g and g + 8; the channels a k-step
@@ -448,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   // start on a block boundary, its entry's place in the block are the same
   // at every step. Computed here once: inside the lane-conditional copy the
   // compiler recomputed the geometry's offsets (a division among them) at
-  // every step, ~90 instructions (docs/PERF_NOTES.md, session 11).
+  // every step, about 95 instructions (docs/PERF_NOTES.md, session 11).
   static_assert(!kRing || kStep % kBS == 0, "ring steps start on a block boundary");
   const bool rec_is_v = lane >= kRecChunks;
   const int rec_tok = (lane % max(kRecChunks, 1)) * kRecTokens;
@@ -507,8 +509,11 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
                        : lane < kPfBlocks             ? shape.prefetch_k_steps
                                                       : shape.prefetch_v_steps;
   const int pf_ahead = pf_steps * kWarps * kStep;  // tokens
-  // This lane's prefetch for the warp's step at s0 (its first token).
+  // This lane's prefetch for the warp's step at s0 (its first token). A
+  // step shorter than a block shares it with the next warp's: the warp
+  // whose step starts the block fetches it.
   auto prefetch_step = [&](const int s0) {
+    if (kStep < kBS && (s0 & (kBS - 1)) != 0) return;
     const int bi = (s0 >> lbs) + lane % kPfBlocks;
     if (s0 < st.n_valid && bi < st.nblk) {
       const int b = blk_s[bi];
@@ -519,8 +524,13 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       }
     }
   };
-  load_first_steps();
-  for (int i = 1; i < pf_steps; ++i) prefetch_step((warp + i * kWarps) * kStep);
+  // A pass's first loads, and the prefetches of the steps before the first
+  // one the loop issues.
+  auto start_pass = [&]() {
+    load_first_steps();
+    for (int i = 1; i < pf_steps; ++i) prefetch_step((warp + i * kWarps) * kStep);
+  };
+  start_pass();
 
   const float *rec = smem + lay.rec;
   if constexpr (!kRing) {
@@ -1059,7 +1069,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       }
     }
     __syncthreads();  // the next pass reuses stat / row / out
-    if (r0 + kPassRows < st.rows) load_first_steps();
+    if (r0 + kPassRows < st.rows) start_pass();
   }
 }
 

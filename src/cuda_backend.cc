@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -185,20 +184,21 @@ class CudaBackend final : public Backend {
   // KVPAGE_DECODE_PREFETCH=K,V (each 0..4; one number sets both) sets how
   // many steps ahead the tensor-core kernel's register path has L2 prefetch
   // its K and V blocks (0: off; for tuning measurements, docs/PERF_NOTES.md);
-  // unset or invalid: one step each, the best measured on the H100 (two
-  // thrashed L2). Read once per process.
+  // unset or invalid: {-1, -1}, the device's default (Shape). Read once per
+  // process.
   static std::pair<int32_t, int32_t> PrefetchFromEnvironment() {
     static const std::pair<int32_t, int32_t> steps = [] {
-      const std::pair<int32_t, int32_t> measured_best{1, 1};
-      const char* v = std::getenv("KVPAGE_DECODE_PREFETCH");
-      if (v == nullptr) return measured_best;
-      const std::vector<absl::string_view> parts = absl::StrSplit(v, ',');
-      int32_t k = 0, val = 0;
-      if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &k) ||
-          !absl::SimpleAtoi(parts.back(), &val) || k < 0 || k > 4 || val < 0 || val > 4) {
-        return measured_best;
+      const std::pair<int32_t, int32_t> unset{-1, -1};
+      const char* env = std::getenv("KVPAGE_DECODE_PREFETCH");
+      if (env == nullptr) return unset;
+      const std::vector<absl::string_view> parts = absl::StrSplit(env, ',');
+      int32_t k_steps = 0, v_steps = 0;
+      if (parts.size() > 2 || !absl::SimpleAtoi(parts[0], &k_steps) ||
+          !absl::SimpleAtoi(parts.back(), &v_steps) || k_steps < 0 || k_steps > 4 || v_steps < 0 ||
+          v_steps > 4) {
+        return unset;
       }
-      return std::pair<int32_t, int32_t>{k, val};
+      return std::pair<int32_t, int32_t>{k_steps, v_steps};
     }();
     return steps;
   }
@@ -216,7 +216,12 @@ class CudaBackend final : public Backend {
     const int32_t rows = cap.num_q_heads / geo.num_kv_heads * cap.max_query_len;
     s.path = PathFromEnvironment();
     s.dependent_reduce = cc_major_ >= 9 && DependentReduceFromEnvironment();
-    std::tie(s.prefetch_k_steps, s.prefetch_v_steps) = PrefetchFromEnvironment();
+    // One step ahead each on sm_90+, the best measured on the H100 (two
+    // thrashed L2); off before sm_90, where it was never measured.
+    const auto [pf_k, pf_v] = PrefetchFromEnvironment();
+    const int32_t pf_default = cc_major_ >= 9 ? 1 : 0;
+    s.prefetch_k_steps = pf_k >= 0 ? pf_k : pf_default;
+    s.prefetch_v_steps = pf_v >= 0 ? pf_v : pf_default;
     const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
     s.direct_output = kernels::PartitionKernelWritesOutput(geo, tc);
     // The kernels' register budgets are cut for DecodeBlocksPerSm resident

@@ -17,7 +17,8 @@ constexpr double kPartitionOverheadTokens = 256;
 
 // Of `largest` and its halves down to 64, the partition size whose grid of
 // grid_rows x ceil(max_context_len / p) blocks runs fastest when blocks run
-// in waves of `slots` (SMs x resident blocks), each wave as long as a
+// in waves of `slots` (SMs x the kernel's wave blocks, kernels/launch.h),
+// each wave as long as a
 // partition plus the per-block cost: a grid that spills a few blocks into
 // one more wave pays a whole wave (128 sequences of 8192 tokens in
 // 2048-token partitions: 512 blocks on 396 slots, two waves for 1.3 waves

@@ -101,7 +101,8 @@ struct DecodeShape {
   // drains and wait for its results on the device.
   bool dependent_reduce = false;
   // The tensor-core kernel's register path has L2 fetch the K (V) blocks
-  // of the step this many steps ahead of the one it computes (0: none).
+  // of the step this many steps ahead of the one it computes (0: none;
+  // the CUDA backend's Shape() sets one each on sm_90+).
   int32_t prefetch_k_steps = 0;
   int32_t prefetch_v_steps = 0;
 };

@@ -35,5 +35,26 @@ TEST(CudaProbe, FillPatternKernelRuns) {
 #endif
 }
 
+// The write tests poison shared memory before each write so that a kernel
+// reading bytes it never set sees set bits (tests/unit/cuda_write_test.cc):
+// the poison must reach what the next kernel's blocks see: a kernel that
+// reads its shared memory before writing any finds only 0xFF bytes.
+TEST(CudaProbe, PoisonSharedIsSeen) {
+#if !KVPAGE_HAVE_CUDA
+  GTEST_SKIP() << "built without the CUDA backend";
+#else
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
+  unsigned int* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, sizeof(unsigned int)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d, 0, sizeof(unsigned int)), cudaSuccess);
+  ASSERT_EQ(kernels::LaunchPoisonShared(nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::LaunchCountUnpoisonedShared(d, nullptr), cudaSuccess);
+  unsigned int unpoisoned = 1;
+  ASSERT_EQ(cudaMemcpy(&unpoisoned, d, sizeof(unpoisoned), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(d);
+  EXPECT_EQ(unpoisoned, 0u) << "32-bit words of shared memory the poison did not reach";
+#endif
+}
+
 }  // namespace
 }  // namespace kvpage
