@@ -33,12 +33,18 @@ __global__ void CountUnpoisonedSharedKernel(int words, unsigned int* count) {
   if (n != 0) atomicAdd(count, n);
 }
 
+// The current device's attribute `attr` -> *value.
+cudaError_t CurrentDeviceAttribute(cudaDeviceAttr attr, int* value) {
+  int device = 0;
+  const cudaError_t e = cudaGetDevice(&device);
+  return e != cudaSuccess ? e : cudaDeviceGetAttribute(value, attr, device);
+}
+
 }  // namespace
 
 int LaunchCountUnpoisonedShared(unsigned int* count, void* stream) {
-  int device = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int sms = 0;
+  const cudaError_t e = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount, &sms);
   if (e != cudaSuccess) return e;
   constexpr int kBytes = 48 * 1024;  // the default limit: no opt-in
   CountUnpoisonedSharedKernel<<<2 * sms, 256, kBytes, static_cast<cudaStream_t>(stream)>>>(
@@ -47,12 +53,9 @@ int LaunchCountUnpoisonedShared(unsigned int* count, void* stream) {
 }
 
 int LaunchPoisonShared(void* stream) {
-  int device = 0, sms = 0, bytes = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e == cudaSuccess) {
-    e = cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  }
+  int sms = 0, bytes = 0;
+  cudaError_t e = CurrentDeviceAttribute(cudaDevAttrMultiProcessorCount, &sms);
+  if (e == cudaSuccess) e = CurrentDeviceAttribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, &bytes);
   if (e == cudaSuccess) {
     e = cudaFuncSetAttribute(PoisonSharedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              bytes);
