@@ -16,16 +16,17 @@
 //      order, V as [channel][token] codes, scales per token;
 //   3. the tile is stored with adjacent threads on adjacent bytes of the
 //      cache: K as 16-byte chunks (adjacent tokens of one chunk row), scales
-//      per token, and V as 32-bit words — one word per channel for each run
-//      of W = 32 / v_bits tokens whose slots fill an aligned word in order
-//      (a prefill's slot mapping does that), no atomics.
-// A token outside such a run (a decode step's scattered slots, a run cut by
-// the tile's edge) has its V stored element by element; an INT4 nibble then
-// shares its byte with a token another block may be writing, so the tile's
-// nibbles of one aligned 32-bit word are set together with atomics (clear
-// own bits, set own bits; the bits are disjoint, so the result does not
-// depend on the interleaving). A word is never written both ways: a run
-// owns all of its slots (slots within one call are distinct).
+//      per token, and V per group (VGroup: tokens whose slots are
+//      consecutive within one aligned 32-bit V word of W = 32 / v_bits
+//      tokens), a warp on 32 channels of one group. A group that fills its
+//      word (a prefill's slot mapping does that) is one plain store.
+// A group that fills part of its word (a run cut by the tile's edge, a
+// decode step's token) stores its codes alone; an INT4 nibble then shares
+// its byte with a token another block may be writing, so a group's nibbles
+// are set with atomics (clear own bits, set own bits; the bits are
+// disjoint, so the result does not depend on the interleaving). A word is
+// never written both ways: a whole-word group owns all of its slots (slots
+// within one call are distinct).
 // Template arguments: the input dtype, lanes per token (head size), the V
 // word's width (V bits) and whether the input rows allow 16-byte loads; the
 // K and V dtypes themselves are run-time values, every branch on them
@@ -48,7 +49,9 @@ namespace kvpage {
 namespace kernels {
 namespace {
 
-// Input element types: raw storage and the exact conversion to FP32.
+// Input element types: raw storage and the exact conversion to FP32 of a
+// 32-bit word of elements (element 0 in the low bits), one instruction per
+// element.
 template <typename T>
 struct Input;
 // kIdentityDType: the cache dtype whose codes are the input's own bits
@@ -57,7 +60,7 @@ template <>
 struct Input<float> {
   using Raw = float;
   static constexpr DType kIdentityDType = DType::kFP32;
-  __device__ static float ToFloat(Raw r) { return r; }
+  __device__ static void WordToFloat(uint32_t w, float* out) { out[0] = __uint_as_float(w); }
   __device__ static uint32_t Bits(float f) { return __float_as_uint(f); }
 };
 struct HalfTag {};
@@ -65,16 +68,29 @@ struct Bf16Tag {};
 template <>
 struct Input<HalfTag> {
   using Raw = uint16_t;
+  using Pair = __half2;
   static constexpr DType kIdentityDType = DType::kFP16;
-  __device__ static float ToFloat(Raw r) { return HalfBitsToFloat(r); }
+  __device__ static void WordToFloat(uint32_t w, float* out) {
+    __half2 h;
+    memcpy(&h, &w, sizeof(h));
+    const float2 f = __half22float2(h);
+    out[0] = f.x;
+    out[1] = f.y;
+  }
   // The input's bits back from its exact conversion.
   __device__ static uint32_t Bits(float f) { return HalfBits(__float2half_rn(f)); }
 };
 template <>
 struct Input<Bf16Tag> {
   using Raw = uint16_t;
+  using Pair = __nv_bfloat162;
   static constexpr DType kIdentityDType = DType::kBF16;
-  __device__ static float ToFloat(Raw r) { return __uint_as_float(static_cast<uint32_t>(r) << 16); }
+  // A BF16 value is the high half of its FP32 value: a shift for the low
+  // element, a mask for the high one.
+  __device__ static void WordToFloat(uint32_t w, float* out) {
+    out[0] = __uint_as_float(w << 16);
+    out[1] = __uint_as_float(w & 0xFFFF0000u);
+  }
   __device__ static uint32_t Bits(float f) { return __float_as_uint(f) >> 16; }
 };
 
@@ -118,6 +134,14 @@ struct RowLayout {
   }
 };
 
+// CacheGeometry::k_chunks() without its division by a run-time k_x (k_x =
+// 128 / k_bits exactly, so the chunks round up in bits): the division
+// cost this kernel ~35 instructions per use. The geometry keeps its form:
+// changing it there moved the FP8 decode kernel's registers into spills.
+__device__ __forceinline__ int KChunks(const CacheGeometry& g) {
+  return static_cast<int>((static_cast<uint32_t>(g.head_size) * g.k_bits() + 127u) >> 7);
+}
+
 // The lane's raw input elements of one row, as loaded.
 template <typename Tag, int kLanes>
 struct RawRow {
@@ -157,14 +181,50 @@ template <typename Tag, int kLanes>
 __device__ __forceinline__ void RowToFloat(const RawRow<Tag, kLanes>& row,
                                            float (&x)[RowLayout<Tag, kLanes>::kPerLane]) {
   using L = RowLayout<Tag, kLanes>;
-  using Raw = typename L::Raw;
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(typename L::Raw));
 #pragma unroll
   for (int j = 0; j < L::kGroups; ++j) {
-    Raw raw[L::kVec];
-    memcpy(raw, &row.group[j], sizeof(raw));
+    const uint32_t words[4] = {row.group[j].x, row.group[j].y, row.group[j].z, row.group[j].w};
 #pragma unroll
-    for (int e = 0; e < L::kVec; ++e) x[j * L::kVec + e] = Input<Tag>::ToFloat(raw[e]);
+    for (int w = 0; w < 4; ++w) Input<Tag>::WordToFloat(words[w], x + j * L::kVec + w * kPerWord);
   }
+}
+
+// The range of this lane's elements of a 16-bit row, from the raw pairs
+// with the input format's own NaN-propagating min/max (exact: min and max
+// do not round), two elements an instruction; one pass also finds whether
+// every element is finite (a NaN propagates, an infinity is an extreme).
+// kMinMax: the minimum and maximum (INT4); else {-amax, amax} (FP8, INT8,
+// and the identity path, which needs only finiteness).
+template <bool kMinMax, typename Tag, int kLanes>
+__device__ __forceinline__ LaneRange RawRange(const RawRow<Tag, kLanes>& row, bool* finite) {
+  using L = RowLayout<Tag, kLanes>;
+  using Pair = typename Input<Tag>::Pair;
+  auto pair = [&](int k) {
+    const uint4& g = row.group[k / 4];
+    uint32_t w = k % 4 == 0 ? g.x : k % 4 == 1 ? g.y : k % 4 == 2 ? g.z : g.w;
+    if (!kMinMax) w &= 0x7FFF7FFFu;  // |x|, both halves
+    Pair p;
+    memcpy(&p, &w, sizeof(p));
+    return p;
+  };
+  constexpr int kPairs = L::kPerLane / 2;
+  Pair lo = pair(0), hi = lo;
+#pragma unroll
+  for (int k = 1; k < kPairs; ++k) {
+    const Pair p = pair(k);
+    if (kMinMax) lo = __hmin2_nan(lo, p);
+    hi = __hmax2_nan(hi, p);
+  }
+  const float h0 = __low2float(hi), h1 = __high2float(hi);
+  if (!kMinMax) {
+    *finite = isfinite(h0) && isfinite(h1);
+    const float amax = fmaxf(h0, h1);
+    return LaneRange{-amax, amax};
+  }
+  const float l0 = __low2float(lo), l1 = __high2float(lo);
+  *finite = isfinite(h0) && isfinite(h1) && isfinite(l0) && isfinite(l1);
+  return LaneRange{fminf(l0, l1), fmaxf(h0, h1)};
 }
 
 // Step 1 in place for this lane's elements: non-finite values to zero
@@ -196,16 +256,29 @@ __device__ __forceinline__ void QuantizeRow(const RawRow<Tag, kLanes>& row, uint
                                             uint32_t (&codes)[RowLayout<Tag, kLanes>::kPerLane],
                                             uint16_t* scale, uint16_t* min, LaneStats* stats) {
   using L = RowLayout<Tag, kLanes>;
-  float x[L::kPerLane];
-  RowToFloat(row, x);
   bool prepared = false;
+  // The lane's range where the raw row gives it (16-bit input); else the
+  // quantizer takes it from x.
+  LaneRange range{0.0f, 0.0f};
+  bool has_range = false;
+  float x[L::kPerLane];
   if (lambda == nullptr && valid == (1u << L::kPerLane) - 1u) {
-    // Every element valid and, if finite (one FMA each: x * 0 is NaN
-    // exactly for non-finite x), step 1 leaves it as it is.
-    float any_non_finite = 0.0f;
+    // Every element valid and, if finite, step 1 leaves it as it is.
+    if constexpr (sizeof(typename L::Raw) == 2) {
+      range =
+          dtype == DType::kINT4 ? RawRange<true>(row, &prepared) : RawRange<false>(row, &prepared);
+      has_range = prepared;
+      RowToFloat(row, x);
+    } else {
+      RowToFloat(row, x);
+      // One FMA each: x * 0 is NaN exactly for non-finite x.
+      float any_non_finite = 0.0f;
 #pragma unroll
-    for (int i = 0; i < L::kPerLane; ++i) any_non_finite = __fmaf_rn(x[i], 0.0f, any_non_finite);
-    prepared = !isnan(any_non_finite);
+      for (int i = 0; i < L::kPerLane; ++i) {
+        any_non_finite = __fmaf_rn(x[i], 0.0f, any_non_finite);
+      }
+      prepared = !isnan(any_non_finite);
+    }
     if (kTryIdentity && prepared && Input<Tag>::kIdentityDType == dtype) {
       // The cache stores the input's own 16-bit format: every step is exact
       // on finite values, so each code is the input's bits.
@@ -215,13 +288,16 @@ __device__ __forceinline__ void QuantizeRow(const RawRow<Tag, kLanes>& row, uint
       *min = 0;
       return;
     }
+  } else {
+    RowToFloat(row, x);
   }
   uint32_t overflow = 0;
   if (!prepared) {
     overflow = lambda != nullptr ? PrepareRow<true, L>(valid, lambda, lane, x, stats)
                                  : PrepareRow<false, L>(valid, lambda, lane, x, stats);
   }
-  QuantizeLaneGroupVector<kLanes>(dtype, x, overflow, valid, codes, scale, min, stats);
+  QuantizeLaneGroupVector<kLanes>(dtype, x, overflow, valid, has_range, range, codes, scale, min,
+                                  stats);
 }
 
 // A token's K codes into its row of the stage, as the token's bytes in
@@ -237,23 +313,24 @@ __device__ __forceinline__ void StageKRow(const CacheGeometry& g, int lane, uint
   for (int j = 0; j < L::kGroups; ++j) {
     if (!(valid & (1u << (j * L::kVec)))) continue;
     const uint32_t* c = codes + j * L::kVec;
+    // Packed with byte permutes (they take each code's low bytes) and, for
+    // INT4 (codes 0..15), a shift-add per code.
     uint32_t w[4] = {0, 0, 0, 0};
     int bytes;
     if (bits == 16) {
 #pragma unroll
-      for (int e = 0; e < L::kVec; ++e) w[e / 2] |= static_cast<uint32_t>(c[e]) << (16 * (e % 2));
+      for (int e = 0; e < L::kVec; e += 2) w[e / 2] = __byte_perm(c[e], c[e + 1], 0x5410);
       bytes = L::kVec * 2;
     } else if (bits == 8) {
 #pragma unroll
-      for (int e = 0; e < L::kVec; ++e) {
-        w[e / 4] |= static_cast<uint32_t>(c[e] & 0xFF) << (8 * (e % 4));
+      for (int e = 0; e < L::kVec; e += 4) {
+        w[e / 4] = __byte_perm(__byte_perm(c[e], c[e + 1], 0x0040),
+                               __byte_perm(c[e + 2], c[e + 3], 0x4000), 0x7610);
       }
       bytes = L::kVec;
     } else {
 #pragma unroll
-      for (int e = 0; e < L::kVec; ++e) {
-        w[e / 8] |= static_cast<uint32_t>(c[e] & 0xF) << (4 * (e % 8));
-      }
+      for (int e = L::kVec - 1; e >= 0; --e) w[e / 8] = w[e / 8] * 16u + c[e];
       bytes = L::kVec / 2;
     }
     // The group's bytes are aligned to their size (16, 8, 4 or 2).
@@ -269,7 +346,7 @@ __device__ __forceinline__ void StageKRow(const CacheGeometry& g, int lane, uint
     }
   }
   const int data_bytes = g.head_size * bits / 8;
-  for (int b = data_bytes + lane; b < g.k_chunks() * 16; b += kLanes) row[b] = 0;
+  for (int b = data_bytes + lane; b < KChunks(g) * 16; b += kLanes) row[b] = 0;
 }
 
 // Sets the bits `mask` of `*word` to `bits` (a subset of mask) without
@@ -280,32 +357,6 @@ __device__ __forceinline__ void StoreBitsAtomically(unsigned int* word, unsigned
   const unsigned int clear = mask & ~bits;
   if (clear != 0) atomicAnd(word, ~clear);
   if (bits != 0) atomicOr(word, bits);
-}
-
-// The INT4 codes of lone tokens (bit j of `tokens`: token j of the tile)
-// of one V channel row, each a nibble at dst(j) (bit shift(j)). Nibbles
-// that share an aligned 32-bit word — consecutive tokens of a run cut by
-// the tile's edge, the usual case — are set together: one atomic pair per
-// word instead of one per token.
-template <typename Dst, typename Shift, typename Code>
-__device__ __forceinline__ void StoreLoneNibbles(uint32_t tokens, Dst&& dst, Shift&& shift,
-                                                 Code&& code) {
-  unsigned int* word = nullptr;
-  unsigned int mask = 0, bits = 0;
-  for (; tokens != 0; tokens &= tokens - 1) {
-    const int j = __ffs(tokens) - 1;
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(dst(j));
-    unsigned int* const w = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
-    if (w != word) {
-      if (word != nullptr) StoreBitsAtomically(word, mask, bits);
-      word = w;
-      mask = bits = 0;
-    }
-    const int sh = static_cast<int>(addr & 3) * 8 + shift(j);
-    mask |= 0xFu << sh;
-    bits |= static_cast<unsigned int>(code(j) & 0xF) << sh;
-  }
-  if (word != nullptr) StoreBitsAtomically(word, mask, bits);
 }
 
 // The V stage (per channel, the tile's codes in token order): one byte
@@ -335,11 +386,12 @@ struct VStage {
     }
     return __byte_perm(u.x | (u.x >> 4), u.y | (u.y >> 4), 0x6420);
   }
-  // The same for any j <= kTileTokens - W. INT4: the two aligned words
-  // around it, funnel-shifted — 2 loads instead of 8. Their bytes outside
-  // j .. j + W - 1 may be other tokens' or unset ones: masked, then
-  // shifted out. Wider codes: code by code (the funnel form
-  // measured 3% slower there).
+  // The same for any j < kTileTokens (a group that ends the tile reads
+  // the row's padding past its last code: those codes are not its own and
+  // its caller masks them). INT4: the two aligned words around it,
+  // funnel-shifted — 2 loads instead of 8. Their bytes outside j .. j + W
+  // - 1 may be other tokens' or unset ones: masked, then shifted out.
+  // Wider codes: code by code (the funnel form measured 3% slower there).
   __device__ static uint32_t Word(const Code* row, int j) {
     const int a = j & ~(kWordTokens - 1);
     if (a == j) return AlignedWord(row, j);
@@ -352,6 +404,19 @@ struct VStage {
     for (int e = 0; e < kWordTokens; ++e) word |= static_cast<uint32_t>(row[j + e]) << (e * kVBits);
     return word;
   }
+};
+
+// A V group of the tile, packed in 32 bits: `length` tokens from token
+// `first` whose slots are consecutive within one aligned V word. A group
+// of W tokens is the whole word (a prefill's usual case); a shorter one
+// shares its word with tokens of other groups (the rest of a run cut by
+// the tile's edge, a decode step's other slots) or with cached tokens.
+struct VGroup {
+  __device__ static uint32_t Make(int first, int length) {
+    return static_cast<uint32_t>(first) | static_cast<uint32_t>(length) << 8;
+  }
+  __device__ static int First(uint32_t group) { return static_cast<int>(group & 0xFF); }
+  __device__ static int Length(uint32_t group) { return static_cast<int>(group >> 8); }
 };
 
 // A scale entry: FP16 scale (2 bytes) or, for INT4, {scale, min} (4 bytes);
@@ -389,14 +454,14 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   const CacheGeometry& g = p.geo;
   // Per token of the tile: where its K row, V row and scale entries start
   // (byte offsets in the K data, the V data and entry indices; -1: the
-  // token writes nothing) and its slot's offset in the block; the V word
-  // runs (bit j: token j starts a run / lies in one / writes at all); its
-  // codes and scales.
+  // token writes nothing) and its slot's offset in the block; the tile's
+  // V groups (VGroup, in token order, and how many); the codes and scales.
   __shared__ int64_t s_k_row[kTileTokens];
   __shared__ int64_t s_v_row[kTileTokens];
   __shared__ int64_t s_entry[kTileTokens];
   __shared__ int32_t s_off[kTileTokens];
-  __shared__ uint32_t s_runs[3];
+  __shared__ uint32_t s_groups[kTileTokens];
+  __shared__ uint32_t s_num_groups;
   __shared__ uint32_t s_scale[2][kTileTokens];
   __shared__ __align__(16) uint8_t s_k[kTileTokens][L::kKRowPitch];
   __shared__ __align__(8)
@@ -425,19 +490,19 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   const bool written = TokenSlot(p, t, num_slots, false) >= 0;
   if (tid < kTileTokens) {
     const int64_t slot = TokenSlot(p, t0 + tid, num_slots, h == 0);
-    // A run: W tokens in a row whose slots are one aligned V word's, in
-    // order (an aligned word never crosses a block: block_size % W == 0).
-    bool start = slot >= 0 && slot % W == 0 && g.block_size % W == 0;
-#pragma unroll
-    for (int j = 1; j < W; ++j) {
-      const int64_t next = __shfl_down_sync(kFullWarp, slot, j);
-      start = start && tid + j < kTileTokens && next == slot + j;
+    // V groups: a token continues the group of the token before it when
+    // their slots are consecutive within one aligned V word (an aligned
+    // word never crosses a block: block_size % W == 0).
+    const int64_t prev = __shfl_up_sync(kFullWarp, slot, 1);
+    const bool continues = tid > 0 && slot >= 0 && prev >= 0 && slot == prev + 1 && slot % W != 0 &&
+                           g.block_size % W == 0;
+    const uint32_t cont = __ballot_sync(kFullWarp, continues);
+    const uint32_t starts = __ballot_sync(kFullWarp, slot >= 0) & ~cont;
+    if (starts & (1u << tid)) {
+      // Its length: 1 + the continuing tokens right after it.
+      const uint32_t after = tid < kTileTokens - 1 ? cont >> (tid + 1) : 0u;
+      s_groups[__popc(starts & ((1u << tid) - 1u))] = VGroup::Make(tid, __ffs(~after));
     }
-    const uint32_t starts = __ballot_sync(kFullWarp, start);
-    const uint32_t written_tokens = __ballot_sync(kFullWarp, slot >= 0);
-    uint32_t members = 0;
-#pragma unroll
-    for (int j = 0; j < W; ++j) members |= starts << j;
     // 32-bit division where the pool allows (one instruction sequence
     // instead of the 64-bit one's ~70).
     int64_t b;
@@ -454,11 +519,7 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
     s_v_row[tid] = g.v_byte(b, h, off, 0);
     s_entry[tid] = (b * g.num_kv_heads + h) * g.block_size + off;
     s_off[tid] = off;
-    if (tid == 0) {
-      s_runs[0] = starts;
-      s_runs[1] = members;
-      s_runs[2] = written_tokens;
-    }
+    if (tid == 0) s_num_groups = __popc(starts);
   }
 
   // 2. Quantize the token's K and V rows into the stage. Every lane group
@@ -494,7 +555,7 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   uint8_t* const k_data = p.layer + g.k_data_offset();
   uint8_t* const v_data = p.layer + g.v_data_offset();
   // K: chunk c of token j is 16 bytes at its row + c * chunk_stride.
-  const int k_chunks = g.k_chunks();
+  const int k_chunks = KChunks(g);
   for (unsigned i = tid; i < k_chunks * kTileTokens; i += L::kThreads) {
     const int j = i % kTileTokens;
     const int c = i / kTileTokens;
@@ -515,42 +576,59 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
       }
     }
   }
-  // V: per channel, the tile's tokens in slices of W. A slice holds at
-  // most one run start (runs are W long and disjoint): that run is one
-  // word, read straight from the stage where it starts on the slice grid
-  // (a prefill tile's usual case); tokens in no run are stored one by one.
-  const uint32_t starts = s_runs[0];
-  const uint32_t lone = s_runs[2] & ~s_runs[1];
+  // V: per channel and group. A group of W tokens fills its aligned word
+  // (a prefill's usual case) and is one store; a group that fills part of
+  // its word (a run cut by the tile's edge, a decode step's token) sets its
+  // codes alone: INT4 nibbles with atomics (the rest of the byte may be
+  // another block's), wider codes one by one. A full tile has kSlots
+  // groups; a tile with cut runs has a few more, taken by the same threads
+  // in a second round. Which thread takes which (channel, group):
+  //   - 16-bit V (channel rows of 32+ bytes): adjacent threads on a
+  //     channel's adjacent groups, so that a prefill tile's stores are
+  //     contiguous words of a block's row (the other order touches 8x the
+  //     sectors: BF16 wrote at 2/3 of this order's speed);
+  //   - 8- and 4-bit V: a warp on 32 adjacent channels of one group, so
+  //     that its branches and stage reads are the same on every lane (the
+  //     rows are 8-16 bytes, so the stores stay within a few sectors; FP8
+  //     and INT8 against the other order, same run: ragged +16%, aligned
+  //     prefills +1-2%).
+  constexpr int kSlots = kTileTokens / W;
+  const int num_groups = static_cast<int>(s_num_groups);
   const int64_t channel_stride = g.v_channel_stride();
-  constexpr int kSlices = kTileTokens / W;
-  for (unsigned i = tid; i < D * kSlices; i += L::kThreads) {
-    const int d = i / kSlices;
-    const int j0 = (i % kSlices) * W;
-    if (starts & (1u << j0)) {  // the slice is one run: the common case
-      *reinterpret_cast<uint32_t*>(v_data + s_v_row[j0] + d * channel_stride) =
-          VStage<kVBits>::AlignedWord(s_v[d], j0);
-      continue;
-    }
-    const uint32_t slice = ((1u << W) - 1u) << j0;
-    if (starts & slice) {  // a run that starts off the slice grid
-      const int j = __ffs(starts & slice) - 1;
-      *reinterpret_cast<uint32_t*>(v_data + s_v_row[j] + d * channel_stride) =
-          VStage<kVBits>::Word(s_v[d], j);
-    }
-    auto dst = [&](int j) { return v_data + s_v_row[j] + d * channel_stride; };
-    if constexpr (kVBits == 4) {
-      StoreLoneNibbles(
-          lone & slice, dst, [&](int j) { return g.v_shift(s_off[j]); },
-          [&](int j) { return s_v[d][j]; });
+  auto store_group = [&](int d, int gi) {
+    const uint32_t group = s_groups[gi];
+    const int j = VGroup::First(group);
+    const int len = VGroup::Length(group);
+    uint8_t* const dst = v_data + s_v_row[j] + d * channel_stride;
+    const uint32_t word = VStage<kVBits>::Word(s_v[d], j);
+    if (len == W) {
+      *reinterpret_cast<uint32_t*>(dst) = word;
+    } else if constexpr (kVBits == 4) {
+      const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
+      const int shift = static_cast<int>(addr & 3) * 8 + g.v_shift(s_off[j]);
+      const uint32_t codes = (1u << (4 * len)) - 1u;  // len < 8
+      StoreBitsAtomically(reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3}), codes << shift,
+                          (word & codes) << shift);
     } else {
-      for (uint32_t rest = lone & slice; rest != 0; rest &= rest - 1) {
-        const int j = __ffs(rest) - 1;
+      for (int e = 0; e < len; ++e) {
+        const uint32_t code = word >> (e * kVBits);
         if (kVBits == 16) {
-          *reinterpret_cast<uint16_t*>(dst(j)) = s_v[d][j];  // little-endian, as the CPU
+          reinterpret_cast<uint16_t*>(dst)[e] = static_cast<uint16_t>(code);  // little-endian
         } else {
-          *dst(j) = static_cast<uint8_t>(s_v[d][j]);
+          dst[e] = static_cast<uint8_t>(code);
         }
       }
+    }
+  };
+  if constexpr (kVBits == 16) {
+    for (unsigned i = tid; i < D * kSlots; i += L::kThreads) {
+      for (int gi = i % kSlots; gi < num_groups; gi += kSlots) store_group(i / kSlots, gi);
+    }
+  } else {
+    constexpr int kChannels = L::kMaxHeadSize;
+    const int d = tid % kChannels;
+    for (int gi = tid / kChannels; gi < num_groups && d < D; gi += L::kThreads / kChannels) {
+      store_group(d, gi);
     }
   }
 
