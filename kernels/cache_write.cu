@@ -16,10 +16,11 @@
 //      order, V as [channel][token] codes, scales per token;
 //   3. the tile is stored with adjacent threads on adjacent bytes of the
 //      cache: K as 16-byte chunks (adjacent tokens of one chunk row), scales
-//      per token, and V per group (VGroup: tokens whose slots are
-//      consecutive within one aligned 32-bit V word of W = 32 / v_bits
-//      tokens), a warp on 32 channels of one group. A group that fills its
-//      word (a prefill's slot mapping does that) is one plain store.
+//      per token, and V per unit (U tokens whose slots run from a multiple
+//      of U: 16 bytes of a channel row, or the block's row if shorter) as
+//      one vector store, and the other tokens per group (VGroup: tokens
+//      whose slots are consecutive within one aligned 32-bit V word of W =
+//      32 / v_bits tokens). A group that fills its word is one plain store.
 // A group that fills part of its word (a run cut by the tile's edge, a
 // decode step's token) stores its codes alone; an INT4 nibble then shares
 // its byte with a token another block may be writing, so a group's nibbles
@@ -34,7 +35,7 @@
 // finite row's codes are its bits (the 16-bit-V kernels only).
 #include <cuda_runtime.h>
 
-#include <climits>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -134,13 +135,31 @@ struct RowLayout {
   }
 };
 
-// CacheGeometry::k_chunks() without its division by a run-time k_x (k_x =
-// 128 / k_bits exactly, so the chunks round up in bits): the division
-// cost this kernel ~35 instructions per use. The geometry keeps its form:
-// changing it there moved the FP8 decode kernel's registers into spills.
-__device__ __forceinline__ int KChunks(const CacheGeometry& g) {
-  return static_cast<int>((static_cast<uint32_t>(g.head_size) * g.k_bits() + 127u) >> 7);
-}
+// What the kernel needs of the layer's geometry, computed once on the host
+// (MakeWriteLayout): in the kernel, CacheGeometry's accessors cost a
+// run-time division (k_chunks()) and a switch on the dtypes at every use,
+// ~100 instructions a warp (ncu, docs/PERF_NOTES.md session 13).
+struct WriteLayout {
+  uint8_t* k_data;
+  uint8_t* v_data;
+  uint8_t* k_scales;
+  uint8_t* v_scales;
+  int64_t num_slots;
+  int64_t k_block_stride;  // bytes
+  int64_t v_block_stride;
+  int32_t k_head_stride;
+  int32_t v_head_stride;
+  int32_t k_chunk_stride;
+  int32_t v_channel_stride;
+  int32_t k_chunks;
+  int32_t k_bits;
+  int32_t k_entry_bytes;
+  int32_t v_entry_bytes;
+  int32_t block_shift;  // log2(block_size)
+  // Tokens of a V unit (VStage::Words): 16 bytes of codes or a block's
+  // row if shorter; 0 where that is one V word (INT4 at block size 8).
+  int32_t v_unit_tokens;
+};
 
 // The lane's raw input elements of one row, as loaded.
 template <typename Tag, int kLanes>
@@ -304,11 +323,12 @@ __device__ __forceinline__ void QuantizeRow(const RawRow<Tag, kLanes>& row, uint
 // chunk order (channel d at byte d * bits / 8; INT4 low nibble first); the
 // INT4 tail past head_size (head sizes 80, 112) is zero, as on the CPU.
 template <typename Tag, int kLanes>
-__device__ __forceinline__ void StageKRow(const CacheGeometry& g, int lane, uint32_t valid,
+__device__ __forceinline__ void StageKRow(const WriteLayout& lay, int head_size, int lane,
+                                          uint32_t valid,
                                           const uint32_t (&codes)[RowLayout<Tag, kLanes>::kPerLane],
                                           uint8_t* row) {
   using L = RowLayout<Tag, kLanes>;
-  const int bits = g.k_bits();
+  const int bits = lay.k_bits;
 #pragma unroll
   for (int j = 0; j < L::kGroups; ++j) {
     if (!(valid & (1u << (j * L::kVec)))) continue;
@@ -345,8 +365,8 @@ __device__ __forceinline__ void StageKRow(const CacheGeometry& g, int lane, uint
       *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w[0]);
     }
   }
-  const int data_bytes = g.head_size * bits / 8;
-  for (int b = data_bytes + lane; b < KChunks(g) * 16; b += kLanes) row[b] = 0;
+  const int data_bytes = head_size * bits / 8;
+  for (int b = data_bytes + lane; b < lay.k_chunks * 16; b += kLanes) row[b] = 0;
 }
 
 // Sets the bits `mask` of `*word` to `bits` (a subset of mask) without
@@ -404,6 +424,25 @@ struct VStage {
     for (int e = 0; e < kWordTokens; ++e) word |= static_cast<uint32_t>(row[j + e]) << (e * kVBits);
     return word;
   }
+  // The kWords words of a V unit from token j (any j; the unit's tokens
+  // are all its own): kWords + 1 aligned words funnel-shifted where j is
+  // off the word grid (the last one may be the row's padding; its bytes
+  // past the unit are shifted out).
+  template <int kWords>
+  __device__ static void Words(const Code* row, int j, uint32_t (&out)[kWords]) {
+    const int a = j & ~(kWordTokens - 1);
+    const int shift = (j - a) * kVBits;
+    if (shift == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) out[i] = AlignedWord(row, a + i * kWordTokens);
+      return;
+    }
+    uint32_t w[kWords + 1];
+#pragma unroll
+    for (int i = 0; i <= kWords; ++i) w[i] = AlignedWord<false>(row, a + i * kWordTokens);
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], shift);
+  }
 };
 
 // A V group of the tile, packed in 32 bits: `length` tokens from token
@@ -447,21 +486,24 @@ __device__ __forceinline__ int64_t TokenSlot(const WriteParams& p, int64_t t, in
 template <typename Tag, int kLanes, int kVBits, bool kVecLoads>
 __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
                                   MinBlocksPerSm<RowLayout<Tag, kLanes>::kThreads>())
-    CacheWriteKernel(const WriteParams p) {
+    CacheWriteKernel(const WriteParams p, const WriteLayout lay) {
   using L = RowLayout<Tag, kLanes>;
   using Raw = typename L::Raw;
   constexpr int W = 32 / kVBits;  // tokens per V word
-  const CacheGeometry& g = p.geo;
   // Per token of the tile: where its K row, V row and scale entries start
   // (byte offsets in the K data, the V data and entry indices; -1: the
   // token writes nothing) and its slot's offset in the block; the tile's
-  // V groups (VGroup, in token order, and how many); the codes and scales.
+  // V units and V groups (first tokens; VGroup, in token order) and how
+  // many of each; the codes and scales.
+  constexpr int kMaxUnits = kTileTokens / 8;  // units are 8 tokens or more
   __shared__ int64_t s_k_row[kTileTokens];
   __shared__ int64_t s_v_row[kTileTokens];
   __shared__ int64_t s_entry[kTileTokens];
   __shared__ int32_t s_off[kTileTokens];
   __shared__ uint32_t s_groups[kTileTokens];
+  __shared__ uint32_t s_units[kMaxUnits];
   __shared__ uint32_t s_num_groups;
+  __shared__ uint32_t s_num_units;
   __shared__ uint32_t s_scale[2][kTileTokens];
   __shared__ __align__(16) uint8_t s_k[kTileTokens][L::kKRowPitch];
   __shared__ __align__(8)
@@ -471,10 +513,9 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   const int lane = tid % kLanes;
   const int k = tid / kLanes;  // the lane group's token in the tile
   const int h = static_cast<int>(blockIdx.y);
-  const int D = g.head_size;
+  const int D = p.geo.head_size;
   const int64_t t0 = int64_t{blockIdx.x} * kTileTokens;
   const int64_t head_offset = int64_t{h} * D;
-  const int64_t num_slots = int64_t{g.num_blocks} * g.block_size;
 
   // 1. The rows in flight first; the slots meanwhile: each lane group
   // reads its token's (to know whether it writes), warp 0 the tile's (for
@@ -487,37 +528,47 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
     LoadRow<kVecLoads>(static_cast<const Raw*>(p.value) + t * p.value_stride + head_offset, D, lane,
                        &value_row);
   }
-  const bool written = TokenSlot(p, t, num_slots, false) >= 0;
+  const bool written = TokenSlot(p, t, lay.num_slots, false) >= 0;
   if (tid < kTileTokens) {
-    const int64_t slot = TokenSlot(p, t0 + tid, num_slots, h == 0);
-    // V groups: a token continues the group of the token before it when
-    // their slots are consecutive within one aligned V word (an aligned
-    // word never crosses a block: block_size % W == 0).
+    const int64_t slot = TokenSlot(p, t0 + tid, lay.num_slots, h == 0);
     const int64_t prev = __shfl_up_sync(kFullWarp, slot, 1);
-    const bool continues = tid > 0 && slot >= 0 && prev >= 0 && slot == prev + 1 && slot % W != 0 &&
-                           g.block_size % W == 0;
+    const bool follows = tid > 0 && slot >= 0 && prev >= 0 && slot == prev + 1;
+    // The slot's low bits: its place in the aligned words and units (a
+    // power of two each, and never across a block: block_size is a
+    // multiple of both).
+    const uint32_t pos = static_cast<uint32_t>(slot);
+    // V units: U tokens whose slots run from a multiple of U, one vector
+    // store per channel row (a prefill's usual case). A unit starts at a
+    // token whose next U - 1 tokens each follow the one before.
+    bool in_unit = false;
+    const int U = lay.v_unit_tokens;
+    if (U != 0) {
+      const uint32_t linked = __ballot_sync(kFullWarp, follows && (pos & (U - 1)) != 0);
+      const uint32_t rest = (U == 32 ? kFullWarp : (1u << U) - 1u) & ~1u;  // tokens 1 .. U - 1
+      const bool head = slot >= 0 && (pos & (U - 1)) == 0 && ((linked >> tid) & rest) == rest;
+      const uint32_t heads = __ballot_sync(kFullWarp, head);
+      // In a unit: the last head at or before this token is less than U back.
+      const uint32_t upto = heads & (kFullWarp >> (31 - tid));
+      in_unit = upto != 0 && tid - (31 - __clz(upto)) < U;
+      if (head) s_units[__popc(heads & ((1u << tid) - 1u))] = tid;
+      if (tid == 0) s_num_units = __popc(heads);
+    }
+    // V groups of the other tokens: a token continues the group of the
+    // token before it when their slots are consecutive within one aligned
+    // V word.
+    const bool continues = follows && !in_unit && pos % W != 0;
     const uint32_t cont = __ballot_sync(kFullWarp, continues);
-    const uint32_t starts = __ballot_sync(kFullWarp, slot >= 0) & ~cont;
+    const uint32_t starts = __ballot_sync(kFullWarp, slot >= 0 && !in_unit) & ~cont;
     if (starts & (1u << tid)) {
       // Its length: 1 + the continuing tokens right after it.
       const uint32_t after = tid < kTileTokens - 1 ? cont >> (tid + 1) : 0u;
       s_groups[__popc(starts & ((1u << tid) - 1u))] = VGroup::Make(tid, __ffs(~after));
     }
-    // 32-bit division where the pool allows (one instruction sequence
-    // instead of the 64-bit one's ~70).
-    int64_t b;
-    int off;
-    if (num_slots <= INT32_MAX) {
-      const uint32_t s32 = static_cast<uint32_t>(slot);
-      b = s32 / static_cast<uint32_t>(g.block_size);
-      off = static_cast<int>(s32 % static_cast<uint32_t>(g.block_size));
-    } else {
-      b = slot / g.block_size;
-      off = static_cast<int>(slot % g.block_size);
-    }
-    s_k_row[tid] = slot >= 0 ? g.k_byte(b, h, off, 0) : -1;
-    s_v_row[tid] = g.v_byte(b, h, off, 0);
-    s_entry[tid] = (b * g.num_kv_heads + h) * g.block_size + off;
+    const int64_t b = slot >> lay.block_shift;
+    const int off = static_cast<int>(pos & ((1u << lay.block_shift) - 1u));
+    s_k_row[tid] = slot >= 0 ? b * lay.k_block_stride + h * lay.k_head_stride + off * 16 : -1;
+    s_v_row[tid] = b * lay.v_block_stride + h * lay.v_head_stride + off * kVBits / 8;
+    s_entry[tid] = ((b * p.geo.num_kv_heads + h) << lay.block_shift) + off;
     s_off[tid] = off;
     if (tid == 0) s_num_groups = __popc(starts);
   }
@@ -533,12 +584,13 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   const float* lambda = p.key_smoothing != nullptr ? p.key_smoothing + head_offset : nullptr;
   // The identity path only where V is 16-bit: in the quantized-V kernels
   // its branch cost the quantized dtypes 4-7% (registers).
-  QuantizeRow<kVBits == 16>(key_row, valid, lambda, g.k_dtype, lane, codes, &scale, &min, &stats);
+  QuantizeRow<kVBits == 16>(key_row, valid, lambda, p.geo.k_dtype, lane, codes, &scale, &min,
+                            &stats);
   if (written) {
-    StageKRow<Tag, kLanes>(g, lane, valid, codes, s_k[k]);
+    StageKRow<Tag, kLanes>(lay, D, lane, valid, codes, s_k[k]);
     if (lane == 0) s_scale[0][k] = scale | static_cast<uint32_t>(min) << 16;
   }
-  QuantizeRow<kVBits == 16>(value_row, valid, nullptr, g.v_dtype, lane, codes, &scale, &min,
+  QuantizeRow<kVBits == 16>(value_row, valid, nullptr, p.geo.v_dtype, lane, codes, &scale, &min,
                             &stats);
   if (written) {
 #pragma unroll
@@ -552,15 +604,12 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   __syncthreads();
 
   // 3. Store the tile, adjacent threads on adjacent tokens.
-  uint8_t* const k_data = p.layer + g.k_data_offset();
-  uint8_t* const v_data = p.layer + g.v_data_offset();
   // K: chunk c of token j is 16 bytes at its row + c * chunk_stride.
-  const int k_chunks = KChunks(g);
-  for (unsigned i = tid; i < k_chunks * kTileTokens; i += L::kThreads) {
+  for (unsigned i = tid; i < lay.k_chunks * kTileTokens; i += L::kThreads) {
     const int j = i % kTileTokens;
     const int c = i / kTileTokens;
     if (s_k_row[j] < 0) continue;
-    *reinterpret_cast<uint4*>(k_data + s_k_row[j] + c * g.k_chunk_stride()) =
+    *reinterpret_cast<uint4*>(lay.k_data + s_k_row[j] + c * lay.k_chunk_stride) =
         *reinterpret_cast<const uint4*>(&s_k[j][c * 16]);
   }
   // Scales: K by the first 32 threads, V by the next 32.
@@ -568,44 +617,59 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
     const int j = tid % kTileTokens;
     if (s_k_row[j] >= 0) {
       if (tid < kTileTokens) {
-        const int bytes = g.k_scale_entry_bytes();
-        StoreScale(p.layer + g.k_scale_offset() + s_entry[j] * bytes, bytes, s_scale[0][j]);
+        StoreScale(lay.k_scales + s_entry[j] * lay.k_entry_bytes, lay.k_entry_bytes, s_scale[0][j]);
       } else {
-        const int bytes = g.v_scale_entry_bytes();
-        StoreScale(p.layer + g.v_scale_offset() + s_entry[j] * bytes, bytes, s_scale[1][j]);
+        StoreScale(lay.v_scales + s_entry[j] * lay.v_entry_bytes, lay.v_entry_bytes, s_scale[1][j]);
       }
     }
   }
-  // V: per channel and group. A group of W tokens fills its aligned word
-  // (a prefill's usual case) and is one store; a group that fills part of
-  // its word (a run cut by the tile's edge, a decode step's token) sets its
-  // codes alone: INT4 nibbles with atomics (the rest of the byte may be
-  // another block's), wider codes one by one. A full tile has kSlots
-  // groups; a tile with cut runs has a few more, taken by the same threads
-  // in a second round. Which thread takes which (channel, group):
-  //   - 16-bit V (channel rows of 32+ bytes): adjacent threads on a
-  //     channel's adjacent groups, so that a prefill tile's stores are
-  //     contiguous words of a block's row (the other order touches 8x the
-  //     sectors: BF16 wrote at 2/3 of this order's speed);
-  //   - 8- and 4-bit V: a warp on 32 adjacent channels of one group, so
-  //     that its branches and stage reads are the same on every lane (the
-  //     rows are 8-16 bytes, so the stores stay within a few sectors; FP8
-  //     and INT8 against the other order, same run: ragged +16%, aligned
-  //     prefills +1-2%).
-  constexpr int kSlots = kTileTokens / W;
+  // V: per channel, units first, then groups. A unit is one vector store
+  // of U codes (16 bytes, or a block's row if shorter). A group of W
+  // tokens fills its aligned word and is one store; a group that fills
+  // part of its word (a run cut by the tile's edge, a decode step's token)
+  // sets its codes alone: INT4 nibbles with atomics (the rest of the byte
+  // may be another block's), wider codes one by one. A word is never
+  // written both ways: a unit or a whole-word group owns all of its slots
+  // (slots within one call are distinct). Which thread takes which
+  // (channel, unit or group):
+  //   - 16-bit V (channel rows of 16+ bytes): adjacent threads on a
+  //     channel's adjacent units or groups, so that a prefill tile's
+  //     stores are contiguous in a block's row (the other order touches
+  //     8x the sectors: BF16 wrote at 2/3 of this order's speed);
+  //   - 8- and 4-bit V: a warp on 32 adjacent channels of one unit or
+  //     group, so that its branches and stage reads are the same on every
+  //     lane (the rows are 8-16 bytes, so the stores stay within a few
+  //     sectors; FP8 and INT8 against the other order, same run: ragged
+  //     +16%, aligned prefills +1-2%).
+  const int num_units = lay.v_unit_tokens != 0 ? static_cast<int>(s_num_units) : 0;
   const int num_groups = static_cast<int>(s_num_groups);
-  const int64_t channel_stride = g.v_channel_stride();
+  const int64_t channel_stride = lay.v_channel_stride;
+  // Words per unit: 4 (16 bytes) or 2 (a block row of 8 bytes).
+  const bool wide_units = lay.v_unit_tokens == 4 * W;
+  auto store_unit = [&](int d, int ui) {
+    const int j = static_cast<int>(s_units[ui]);
+    uint8_t* const dst = lay.v_data + s_v_row[j] + d * channel_stride;
+    if (wide_units) {
+      uint32_t w[4];
+      VStage<kVBits>::Words(s_v[d], j, w);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      uint32_t w[2];
+      VStage<kVBits>::Words(s_v[d], j, w);
+      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    }
+  };
   auto store_group = [&](int d, int gi) {
     const uint32_t group = s_groups[gi];
     const int j = VGroup::First(group);
     const int len = VGroup::Length(group);
-    uint8_t* const dst = v_data + s_v_row[j] + d * channel_stride;
+    uint8_t* const dst = lay.v_data + s_v_row[j] + d * channel_stride;
     const uint32_t word = VStage<kVBits>::Word(s_v[d], j);
     if (len == W) {
       *reinterpret_cast<uint32_t*>(dst) = word;
     } else if constexpr (kVBits == 4) {
       const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
-      const int shift = static_cast<int>(addr & 3) * 8 + g.v_shift(s_off[j]);
+      const int shift = static_cast<int>(addr & 3) * 8 + (s_off[j] % 2) * 4;
       const uint32_t codes = (1u << (4 * len)) - 1u;  // len < 8
       StoreBitsAtomically(reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3}), codes << shift,
                           (word & codes) << shift);
@@ -621,12 +685,22 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
     }
   };
   if constexpr (kVBits == 16) {
+    // Units are 8 tokens here: at most kMaxUnits a tile.
+    if (num_units != 0) {
+      for (unsigned i = tid; i < D * kMaxUnits; i += L::kThreads) {
+        if (static_cast<int>(i % kMaxUnits) < num_units) store_unit(i / kMaxUnits, i % kMaxUnits);
+      }
+    }
+    constexpr int kSlots = kTileTokens / W;
     for (unsigned i = tid; i < D * kSlots; i += L::kThreads) {
       for (int gi = i % kSlots; gi < num_groups; gi += kSlots) store_group(i / kSlots, gi);
     }
   } else {
     constexpr int kChannels = L::kMaxHeadSize;
     const int d = tid % kChannels;
+    for (int ui = tid / kChannels; ui < num_units && d < D; ui += L::kThreads / kChannels) {
+      store_unit(d, ui);
+    }
     for (int gi = tid / kChannels; gi < num_groups && d < D; gi += L::kThreads / kChannels) {
       store_group(d, gi);
     }
@@ -647,12 +721,37 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
 
 bool Aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
+WriteLayout MakeWriteLayout(const WriteParams& p) {
+  const CacheGeometry& g = p.geo;
+  WriteLayout lay{};
+  lay.k_data = p.layer + g.k_data_offset();
+  lay.v_data = p.layer + g.v_data_offset();
+  lay.k_scales = p.layer + g.k_scale_offset();
+  lay.v_scales = p.layer + g.v_scale_offset();
+  lay.num_slots = int64_t{g.num_blocks} * g.block_size;
+  lay.k_block_stride = g.k_block_stride();
+  lay.v_block_stride = g.v_block_stride();
+  // Head sizes <= 256 and block sizes <= 32: a head's bytes fit 32 bits.
+  lay.k_head_stride = static_cast<int32_t>(g.k_head_stride());
+  lay.v_head_stride = static_cast<int32_t>(g.v_head_stride());
+  lay.k_chunk_stride = static_cast<int32_t>(g.k_chunk_stride());
+  lay.v_channel_stride = static_cast<int32_t>(g.v_channel_stride());
+  lay.k_chunks = g.k_chunks();
+  lay.k_bits = g.k_bits();
+  lay.k_entry_bytes = g.k_scale_entry_bytes();
+  lay.v_entry_bytes = g.v_scale_entry_bytes();
+  while ((1 << lay.block_shift) < g.block_size) ++lay.block_shift;
+  const int unit = std::min(128 / g.v_bits(), g.block_size);
+  lay.v_unit_tokens = unit > 32 / g.v_bits() ? unit : 0;
+  return lay;
+}
+
 template <typename Tag, int kLanes, int kVBits, bool kVecLoads>
 int Launch(const WriteParams& p, cudaStream_t stream) {
   const int64_t tiles = (int64_t{p.num_tokens} + kTileTokens - 1) / kTileTokens;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.geo.num_kv_heads));
   CacheWriteKernel<Tag, kLanes, kVBits, kVecLoads>
-      <<<grid, RowLayout<Tag, kLanes>::kThreads, 0, stream>>>(p);
+      <<<grid, RowLayout<Tag, kLanes>::kThreads, 0, stream>>>(p, MakeWriteLayout(p));
   return cudaGetLastError();
 }
 
@@ -694,6 +793,10 @@ int LaunchCacheWrite(const WriteParams& params, void* stream) {
   // engine-allocated, aligned cache).
   if (!Aligned(params.layer, 16)) return cudaErrorMisalignedAddress;
   if (g.head_size <= 0 || g.head_size > 256 || g.head_size % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  // Powers of two that V words and units divide (WriteLayout::block_shift).
+  if (g.block_size != 8 && g.block_size != 16 && g.block_size != 32) {
     return cudaErrorInvalidValue;
   }
   const int in_bytes = params.input_dtype == DType::kFP32 ? 4 : 2;
