@@ -669,6 +669,8 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
       *reinterpret_cast<uint32_t*>(dst) = word;
     } else if constexpr (kVBits == 4) {
       const uintptr_t addr = reinterpret_cast<uintptr_t>(dst);
+      // The byte's place in its word, then CacheGeometry::v_shift (INT4
+      // known here, so no dtype switch).
       const int shift = static_cast<int>(addr & 3) * 8 + (s_off[j] % 2) * 4;
       const uint32_t codes = (1u << (4 * len)) - 1u;  // len < 8
       StoreBitsAtomically(reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3}), codes << shift,
