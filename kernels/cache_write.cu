@@ -408,26 +408,26 @@ struct VStage {
   }
   // The same for any j < kTileTokens (a group that ends the tile reads
   // the row's padding past its last code: those codes are not its own and
-  // its caller masks them). INT4: the two aligned words around it,
-  // funnel-shifted — 2 loads instead of 8. Their bytes outside j .. j + W
-  // - 1 may be other tokens' or unset ones: masked, then shifted out.
-  // Wider codes: code by code (the funnel form measured 3% slower there).
+  // its caller masks them). INT4: Words, two aligned words funnel-shifted
+  // off the grid — 2 loads instead of 8. Wider codes off the grid: code by
+  // code (the funnel form measured 3% slower there).
   __device__ static uint32_t Word(const Code* row, int j) {
-    const int a = j & ~(kWordTokens - 1);
-    if (a == j) return AlignedWord(row, j);
-    if (kVBits == 4) {
-      return __funnelshift_r(AlignedWord<false>(row, a), AlignedWord<false>(row, a + kWordTokens),
-                             (j - a) * kVBits);
+    if (kVBits == 4 || (j & (kWordTokens - 1)) == 0) {
+      uint32_t word[1];
+      Words(row, j, word);
+      return word[0];
     }
     uint32_t word = 0;
 #pragma unroll
     for (int e = 0; e < kWordTokens; ++e) word |= static_cast<uint32_t>(row[j + e]) << (e * kVBits);
     return word;
   }
-  // The kWords words of a V unit from token j (any j; the unit's tokens
-  // are all its own): kWords + 1 aligned words funnel-shifted where j is
-  // off the word grid (the last one may be the row's padding; its bytes
-  // past the unit are shifted out).
+  // The kWords words of tokens j .. j + kWords * W - 1 of one channel row
+  // (any j): kWords + 1 aligned words funnel-shifted where j is off the
+  // word grid. The bytes outside the tokens asked for may be other
+  // tokens' or unset ones (the last word may be the row's padding): off
+  // the grid they are masked and shifted out; on it, those past the
+  // caller's own tokens are the caller's to mask.
   template <int kWords>
   __device__ static void Words(const Code* row, int j, uint32_t (&out)[kWords]) {
     const int a = j & ~(kWordTokens - 1);

@@ -31,7 +31,11 @@ int LaunchCountUnpoisonedShared(unsigned int* count, void* stream);
 // and __fdiv_rn disagree on `stream`: counts[0] over every pair of an FP16
 // scale significand and an FP32 value significand (2^33 pairs, bit for
 // bit), counts[1] over `random_pairs` random scales and values of every
-// exponent (by the quantizer's rules); counts[2] the pairs compared. The
+// exponent (by the quantizer's rules); counts[2] the pairs compared;
+// counts[3] the constant divisors whose reciprocal is not RN(1 / d), and
+// where the scale ScaleUp makes of a division by a constant
+// divisor (127, 448, 15) differs from that of __fdiv_rn, over every
+// positive finite FP32 value, counts[4] the divisions compared. The
 // counters are added to.
 int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, uint32_t seed,
                              void* stream);

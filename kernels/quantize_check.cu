@@ -1,5 +1,6 @@
 // Test support: ScaleDivisor (kernels/common/quantize.cuh) against
-// __fdiv_rn on the device (see kernels/launch.h).
+// __fdiv_rn on the device, and the scales' constant divisors (see
+// kernels/launch.h).
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -83,6 +84,37 @@ __global__ void RandomPairsKernel(int64_t n, uint32_t seed, unsigned long long* 
   atomicAdd(checked, seen);
 }
 
+// The scales' divisions by the constants (ConstantDivisor) against
+// __fdiv_rn for every positive finite FP32 value: the FP16 scale ScaleUp
+// makes of the two quotients, and whether it clipped, must agree.
+__global__ void ConstantDivisorsKernel(unsigned long long* mismatches,
+                                       unsigned long long* checked) {
+  constexpr ConstantDivisor kDivisors[] = {kInt8CodeMax, kFp8CodeMax, kInt4CodeMax};
+  const int64_t total = int64_t{0x7F800000};  // +0 .. FLT_MAX
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  unsigned long long bad = 0;
+  unsigned long long seen = 0;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    // Each constant is RN(1 / divisor), bit for bit.
+    for (const ConstantDivisor& c : kDivisors) {
+      bad += __float_as_uint(__frcp_rn(c.divisor)) != __float_as_uint(c.reciprocal);
+    }
+  }
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const float v = __uint_as_float(static_cast<uint32_t>(i));
+#pragma unroll
+    for (const ConstantDivisor& c : kDivisors) {
+      bool fast_clipped, exact_clipped;
+      const uint16_t fast = ScaleUp(ScaleDivisor(c).Divide<false, false>(v), &fast_clipped);
+      const uint16_t exact = ScaleUp(__fdiv_rn(v, c.divisor), &exact_clipped);
+      if (fast != exact || fast_clipped != exact_clipped) ++bad;
+      ++seen;
+    }
+  }
+  if (bad != 0) atomicAdd(mismatches, bad);
+  atomicAdd(checked, seen);
+}
+
 }  // namespace
 
 int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, uint32_t seed,
@@ -90,6 +122,7 @@ int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, u
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   SignificandPairsKernel<<<4096, 256, 0, s>>>(counts, counts + 2);
   RandomPairsKernel<<<4096, 256, 0, s>>>(random_pairs, seed, counts + 1, counts + 2);
+  ConstantDivisorsKernel<<<4096, 256, 0, s>>>(counts + 3, counts + 4);
   return cudaGetLastError();
 }
 

@@ -130,10 +130,19 @@ __device__ __forceinline__ uint32_t Float16Code(float v, bool bf16, bool uncount
 // other instances differ from it only where their callers do not look.
 //
 // The scales' own divisions (amax / 127, amax / 448, range / 15) use it
-// too, with RN(1 / s) as a constant: their divisors are FP16 values, so the
-// significand argument above holds for every quotient that does not
-// underflow, and a quotient that does (below 2^-100) becomes the smallest
-// FP16 scale either way (ScaleUp).
+// too, with RN(1 / s) as a constant (ConstantDivisor): their divisors are
+// FP16 values, so the significand argument above holds for every quotient
+// that does not underflow, and a quotient that does (below 2^-100) becomes
+// the smallest FP16 scale either way (ScaleUp). The test checks that
+// claim for every positive finite FP32 value and each constant.
+struct ConstantDivisor {
+  float divisor;
+  float reciprocal;  // RN(1 / divisor), what __frcp_rn returns
+};
+__device__ constexpr ConstantDivisor kInt8CodeMax{127.0f, 0x1.020408p-7f};
+__device__ constexpr ConstantDivisor kFp8CodeMax{448.0f, 0x1.24924ap-9f};
+__device__ constexpr ConstantDivisor kInt4CodeMax{15.0f, 0x1.111112p-4f};
+
 struct ScaleDivisor {
   float s;
   float r;
@@ -141,8 +150,7 @@ struct ScaleDivisor {
     s = scale;
     r = __frcp_rn(scale);
   }
-  // `reciprocal` = RN(1 / scale), exactly (what __frcp_rn returns).
-  __device__ ScaleDivisor(float scale, float reciprocal) : s(scale), r(reciprocal) {}
+  __device__ explicit ScaleDivisor(ConstantDivisor c) : s(c.divisor), r(c.reciprocal) {}
   template <bool kSignedZero, bool kMayOverflow>
   __device__ float Divide(float v) const {
     const float q = __fmul_rn(v, r);
@@ -278,8 +286,7 @@ __device__ __forceinline__ void QuantizeLaneGroupVector(DType dtype, const float
       return;
     }
     const bool int8 = dtype == DType::kINT8;
-    const ScaleDivisor code_max =
-        int8 ? ScaleDivisor(127.0f, 0x1.020408p-7f) : ScaleDivisor(448.0f, 0x1.24924ap-9f);
+    const ScaleDivisor code_max(int8 ? kInt8CodeMax : kFp8CodeMax);
     bool clipped;
     *scale = ScaleUp(code_max.Divide<false, false>(amax), &clipped);
     const ScaleDivisor s(HalfBitsToFloat(*scale));
@@ -342,7 +349,7 @@ __device__ __forceinline__ void QuantizeLaneGroupVector(DType dtype, const float
       return;  // scale 0, codes 0
     }
     bool s_clipped;
-    *scale = ScaleUp(ScaleDivisor(15.0f, 0x1.111112p-4f).Divide<false, false>(r), &s_clipped);
+    *scale = ScaleUp(ScaleDivisor(kInt4CodeMax).Divide<false, false>(r), &s_clipped);
     const ScaleDivisor s(HalfBitsToFloat(*scale));
     if (!m_clipped && !s_clipped) {
       // m <= every v, and s >= RN(r / 15) * (1 - 2^-24) with RN(v - m) <= r,

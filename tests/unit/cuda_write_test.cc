@@ -292,14 +292,16 @@ struct WriteCase {
 // Runs one write on the CPU backend and on the GPU and compares.
 // `num_tokens` 0 picks a random count up to a few blocks' worth.
 void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
-                  const std::vector<int64_t>* forced_gpu_slots = nullptr) {
+                  const std::vector<int64_t>* forced_gpu_slots = nullptr,
+                  const std::vector<int64_t>* given_slots = nullptr) {
   const CacheGeometry& g = c.geo;
   const int H = g.num_kv_heads;
   const int D = g.head_size;
   const int64_t num_slots = int64_t{g.num_blocks} * g.block_size;
   if (num_tokens == 0) num_tokens = static_cast<int>(1 + rng() % (2 * g.block_size + 5));
   num_tokens = static_cast<int>(std::min<int64_t>(num_slots, num_tokens));
-  std::vector<int64_t> slots = MakeSlots(rng, g, num_tokens);
+  std::vector<int64_t> slots =
+      given_slots != nullptr ? *given_slots : MakeSlots(rng, g, num_tokens);
   std::vector<int64_t> gpu_slots = slots;
   if (forced_gpu_slots != nullptr) {
     // Out-of-range slots on the GPU side; the CPU (which rejects them) gets
@@ -450,6 +452,47 @@ INSTANTIATE_TEST_SUITE_P(CudaWrite, CudaWriteTest,
                                   DTypeName(std::get<1>(info.param));
                          });
 
+// A prefill from every offset in its first block (blocks in random
+// order): the V units (16 bytes of a channel row, or the block's row)
+// then start at every place in the tile, on and off the V word grid, and
+// the tokens around them go to word groups, whole and cut, for every V
+// width and block size. Two tiles of tokens.
+TEST(CudaWriteSlots, PrefillFromEveryOffsetMatchesCpu) {
+  if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
+  const uint32_t seed = FreshTestSeed();
+  SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
+  std::mt19937 rng(seed);
+  for (DType v_dtype : kCacheDTypes) {
+    for (int block_size : kBlockSizes) {
+      for (int start = 0; start < block_size; ++start) {
+        const int num_tokens = 64;
+        WriteCase c;
+        c.geo.num_layers = 2;
+        c.geo.num_blocks = (start + num_tokens + block_size - 1) / block_size + 1;
+        c.geo.block_size = block_size;
+        c.geo.num_kv_heads = 2;
+        c.geo.head_size = 128;
+        c.geo.k_dtype = DType::kINT8;
+        c.geo.v_dtype = v_dtype;
+        c.input_dtype = DType::kBF16;
+        c.smoothing = false;
+        std::vector<int64_t> blocks(c.geo.num_blocks);
+        std::iota(blocks.begin(), blocks.end(), 0);
+        std::shuffle(blocks.begin(), blocks.end(), rng);
+        std::vector<int64_t> slots;
+        for (int i = 0; i < num_tokens; ++i) {
+          const int pos = start + i;
+          slots.push_back(blocks[pos / block_size] * block_size + pos % block_size);
+        }
+        SCOPED_TRACE(
+            absl::StrFormat("V %s block_size %d start %d", DTypeName(v_dtype), block_size, start));
+        RunWriteCase(rng, c, num_tokens, nullptr, &slots);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 // Many tokens (more items than one grid wave) in one call: the INT4 V pair
 // bytes and the counters' per-warp atomics under real concurrency.
 TEST(CudaWriteLarge, ManyTokensMatchCpu) {
@@ -474,23 +517,26 @@ TEST(CudaWriteLarge, ManyTokensMatchCpu) {
 }
 
 // The quantizer's fast division by a scale against __fdiv_rn: every pair
-// of significands, and random scales and values of every exponent.
+// of significands, and random scales and values of every exponent; the
+// scales' divisions by their constant divisors for every positive value.
 TEST(CudaQuantizer, ScaleDivisionIsExact) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
   const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   constexpr int64_t kRandomPairs = int64_t{1} << 30;
-  DeviceBuffer counts(3 * sizeof(unsigned long long));
+  DeviceBuffer counts(5 * sizeof(unsigned long long));
   ASSERT_TRUE(counts.ok());
   unsigned long long* d = reinterpret_cast<unsigned long long*>(counts.get());
-  ASSERT_EQ(cudaMemset(d, 0, 3 * sizeof(unsigned long long)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(d, 0, 5 * sizeof(unsigned long long)), cudaSuccess);
   ASSERT_EQ(kernels::LaunchScaleDivisionCheck(d, kRandomPairs, seed, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  unsigned long long got[3];
+  unsigned long long got[5];
   ASSERT_EQ(cudaMemcpy(got, d, sizeof(got), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(got[0], 0u) << "significand pairs where the fast division differs";
   EXPECT_EQ(got[1], 0u) << "random pairs where the fast division differs";
   EXPECT_EQ(got[2], (1ull << 33) + kRandomPairs) << "pairs compared";
+  EXPECT_EQ(got[3], 0u) << "values whose scale differs when divided by a constant divisor";
+  EXPECT_EQ(got[4], 3ull * 0x7F800000u) << "constant divisions compared";
 }
 
 // Slots outside [0, num_blocks * block_size) are skipped on the GPU (the
