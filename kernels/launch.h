@@ -32,7 +32,8 @@ int LaunchCountUnpoisonedShared(unsigned int* count, void* stream);
 // scale significand and an FP32 value significand (2^33 pairs, bit for
 // bit), counts[1] over `random_pairs` random scales and values of every
 // exponent (by the quantizer's rules); counts[2] the pairs compared;
-// counts[3] the constant divisors whose reciprocal is not RN(1 / d), and
+// counts[3] the constant divisors whose reciprocal is not RN(1 / d), the
+// positive finite FP16 values whose HalfReciprocal is not __frcp_rn's, and
 // where the scale ScaleUp makes of a division by a constant
 // divisor (127, 448, 15) differs from that of __fdiv_rn, over every
 // positive finite FP32 value, counts[4] the divisions compared. The

@@ -1,6 +1,6 @@
 // Test support: ScaleDivisor (kernels/common/quantize.cuh) against
-// __fdiv_rn on the device, and the scales' constant divisors (see
-// kernels/launch.h).
+// __fdiv_rn on the device, the scales' reciprocals and their constant
+// divisors (see kernels/launch.h).
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -86,7 +86,8 @@ __global__ void RandomPairsKernel(int64_t n, uint32_t seed, unsigned long long* 
 
 // The scales' divisions by the constants (ConstantDivisor) against
 // __fdiv_rn for every positive finite FP32 value: the FP16 scale ScaleUp
-// makes of the two quotients, and whether it clipped, must agree.
+// makes of the two quotients, and whether it clipped, must agree; and
+// HalfReciprocal against __frcp_rn for every positive finite FP16 value.
 __global__ void ConstantDivisorsKernel(unsigned long long* mismatches,
                                        unsigned long long* checked) {
   constexpr ConstantDivisor kDivisors[] = {kInt8CodeMax, kFp8CodeMax, kInt4CodeMax};
@@ -101,6 +102,13 @@ __global__ void ConstantDivisorsKernel(unsigned long long* mismatches,
     }
   }
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += stride) {
+    if (i >= 1 && i < kHalfInfBits) {
+      // The reciprocal of a vector's scale (every positive finite FP16
+      // value) is RN(1 / s), bit for bit.
+      const float s = HalfBitsToFloat(static_cast<uint16_t>(i));
+      bad += __float_as_uint(HalfReciprocal(s)) != __float_as_uint(__frcp_rn(s));
+      ++seen;
+    }
     const float v = __uint_as_float(static_cast<uint32_t>(i));
 #pragma unroll
     for (const ConstantDivisor& c : kDivisors) {

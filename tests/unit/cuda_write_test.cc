@@ -518,8 +518,10 @@ TEST(CudaWriteLarge, ManyTokensMatchCpu) {
 
 // The quantizer's fast division by a scale against __fdiv_rn: every pair
 // of significands, and random scales and values of every exponent; the
-// scales' divisions by their constant divisors for every positive value.
+// scales' divisions by their constant divisors for every positive value;
+// the reciprocal of every positive finite FP16 scale.
 TEST(CudaQuantizer, ScaleDivisionIsExact) {
+  constexpr unsigned long long kPositiveFiniteHalves = 0x7BFF;
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
   const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
@@ -535,8 +537,9 @@ TEST(CudaQuantizer, ScaleDivisionIsExact) {
   EXPECT_EQ(got[0], 0u) << "significand pairs where the fast division differs";
   EXPECT_EQ(got[1], 0u) << "random pairs where the fast division differs";
   EXPECT_EQ(got[2], (1ull << 33) + kRandomPairs) << "pairs compared";
-  EXPECT_EQ(got[3], 0u) << "values whose scale differs when divided by a constant divisor";
-  EXPECT_EQ(got[4], 3ull * 0x7F800000u) << "constant divisions compared";
+  EXPECT_EQ(got[3], 0u)
+      << "reciprocals, or scales of a division by a constant divisor, that differ";
+  EXPECT_EQ(got[4], 3ull * 0x7F800000u + kPositiveFiniteHalves) << "values compared";
 }
 
 // Slots outside [0, num_blocks * block_size) are skipped on the GPU (the
