@@ -86,8 +86,7 @@ __global__ void RandomPairsKernel(int64_t n, uint32_t seed, unsigned long long* 
 
 // The scales' divisions by the constants (ConstantDivisor) against
 // __fdiv_rn for every positive finite FP32 value: the FP16 scale ScaleUp
-// makes of the two quotients, and whether it clipped, must agree; and
-// HalfReciprocal against __frcp_rn for every positive finite FP16 value.
+// makes of the two quotients, and whether it clipped, must agree.
 __global__ void ConstantDivisorsKernel(unsigned long long* mismatches,
                                        unsigned long long* checked) {
   constexpr ConstantDivisor kDivisors[] = {kInt8CodeMax, kFp8CodeMax, kInt4CodeMax};
@@ -102,13 +101,6 @@ __global__ void ConstantDivisorsKernel(unsigned long long* mismatches,
     }
   }
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += stride) {
-    if (i >= 1 && i < kHalfInfBits) {
-      // The reciprocal of a vector's scale (every positive finite FP16
-      // value) is RN(1 / s), bit for bit.
-      const float s = HalfBitsToFloat(static_cast<uint16_t>(i));
-      bad += __float_as_uint(HalfReciprocal(s)) != __float_as_uint(__frcp_rn(s));
-      ++seen;
-    }
     const float v = __uint_as_float(static_cast<uint32_t>(i));
 #pragma unroll
     for (const ConstantDivisor& c : kDivisors) {
@@ -123,6 +115,19 @@ __global__ void ConstantDivisorsKernel(unsigned long long* mismatches,
   atomicAdd(checked, seen);
 }
 
+// The reciprocal of a vector's scale (HalfReciprocal) against __frcp_rn
+// for every positive finite FP16 value, bit for bit.
+__global__ void ScaleReciprocalsKernel(unsigned long long* mismatches,
+                                       unsigned long long* checked) {
+  const uint32_t bits = 1 + blockIdx.x * blockDim.x + threadIdx.x;
+  if (bits >= kHalfInfBits) return;
+  const float s = HalfBitsToFloat(static_cast<uint16_t>(bits));
+  if (__float_as_uint(HalfReciprocal(s)) != __float_as_uint(__frcp_rn(s))) {
+    atomicAdd(mismatches, 1ull);
+  }
+  atomicAdd(checked, 1ull);
+}
+
 }  // namespace
 
 int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, uint32_t seed,
@@ -131,6 +136,7 @@ int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, u
   SignificandPairsKernel<<<4096, 256, 0, s>>>(counts, counts + 2);
   RandomPairsKernel<<<4096, 256, 0, s>>>(random_pairs, seed, counts + 1, counts + 2);
   ConstantDivisorsKernel<<<4096, 256, 0, s>>>(counts + 3, counts + 4);
+  ScaleReciprocalsKernel<<<(kHalfInfBits + 255) / 256, 256, 0, s>>>(counts + 3, counts + 4);
   return cudaGetLastError();
 }
 

@@ -262,13 +262,15 @@ struct LaneRange {
 // where it clipped a smoothing overflow) of the elements this lane holds
 // (bit i of `valid`; the others must hold NaN, which fminf/fmaxf skip) into
 // codes[i] (FP16/BF16: 16 bits; FP8: a byte; INT8: the low byte, the bits
-// above are not part of it; INT4: 0..15), with the vector's FP16 scale (and INT4 min) in *scale /
-// *min on every lane of the group. Every lane of the warp must call it with the same dtype (the
-// reductions shuffle warp-wide); a group with no valid element counts nothing (its results are not
-// used). Codes of invalid elements are meaningless: the element loops run on every register without
-// branches and only the counts look at `valid`. `range`: the lane's LaneRange where the caller has
-// it (`has_range`; then every element is valid and finite). By value: a pointer that may be null
-// put the range in local memory.
+// above are not part of it; INT4: 0..15), with the vector's FP16 scale (and
+// INT4 min) in *scale / *min on every lane of the group. Every lane of the
+// warp must call it with the same dtype (the reductions shuffle
+// warp-wide); a group with no valid element counts nothing (its results
+// are not used). Codes of invalid elements are meaningless: the element
+// loops run on every register without branches and only the counts look
+// at `valid`. `range`: the lane's LaneRange where the caller has it
+// (`has_range`; then every element is valid and finite). By value: a
+// pointer that may be null put the range in local memory.
 template <int kLanes, int N>
 __device__ __forceinline__ void QuantizeLaneGroupVector(DType dtype, const float (&v)[N],
                                                         uint32_t overflow, uint32_t valid,

@@ -289,6 +289,22 @@ struct WriteCase {
   bool smoothing;
 };
 
+// A case of two layers (the write names the second one).
+WriteCase MakeWriteCase(DType k_dtype, DType v_dtype, int head_size, int block_size,
+                        int num_kv_heads, int num_blocks, DType input_dtype, bool smoothing) {
+  WriteCase c;
+  c.geo.num_layers = 2;
+  c.geo.num_blocks = num_blocks;
+  c.geo.block_size = block_size;
+  c.geo.num_kv_heads = num_kv_heads;
+  c.geo.head_size = head_size;
+  c.geo.k_dtype = k_dtype;
+  c.geo.v_dtype = v_dtype;
+  c.input_dtype = input_dtype;
+  c.smoothing = smoothing;
+  return c;
+}
+
 // Runs one write on the CPU backend and on the GPU and compares.
 // `num_tokens` 0 picks a random count up to a few blocks' worth.
 void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
@@ -422,16 +438,10 @@ TEST_P(CudaWriteTest, MatchesCpuBytes) {
     for (int block_size : kBlockSizes) {
       for (DType input : kInputDTypes) {
         for (bool smoothing : {false, true}) {
-          WriteCase c;
-          c.geo.num_layers = 2;
-          c.geo.num_blocks = 3 + static_cast<int>(rng() % 4);
-          c.geo.block_size = block_size;
-          c.geo.num_kv_heads = 1 + static_cast<int>(rng() % 4);
-          c.geo.head_size = head_size;
-          c.geo.k_dtype = k_dtype;
-          c.geo.v_dtype = v_dtype;
-          c.input_dtype = input;
-          c.smoothing = smoothing;
+          const int blocks = 3 + static_cast<int>(rng() % 4);
+          const int heads = 1 + static_cast<int>(rng() % 4);
+          const WriteCase c = MakeWriteCase(k_dtype, v_dtype, head_size, block_size, heads, blocks,
+                                            input, smoothing);
           SCOPED_TRACE(absl::StrFormat(
               "K %s V %s head_size %d block_size %d heads %d blocks %d input %s smoothing %d",
               DTypeName(k_dtype), DTypeName(v_dtype), head_size, block_size, c.geo.num_kv_heads,
@@ -466,16 +476,9 @@ TEST(CudaWriteSlots, PrefillFromEveryOffsetMatchesCpu) {
     for (int block_size : kBlockSizes) {
       for (int start = 0; start < block_size; ++start) {
         const int num_tokens = 64;
-        WriteCase c;
-        c.geo.num_layers = 2;
-        c.geo.num_blocks = (start + num_tokens + block_size - 1) / block_size + 1;
-        c.geo.block_size = block_size;
-        c.geo.num_kv_heads = 2;
-        c.geo.head_size = 128;
-        c.geo.k_dtype = DType::kINT8;
-        c.geo.v_dtype = v_dtype;
-        c.input_dtype = DType::kBF16;
-        c.smoothing = false;
+        const int num_blocks = (start + num_tokens + block_size - 1) / block_size + 1;
+        const WriteCase c = MakeWriteCase(DType::kINT8, v_dtype, 128, block_size, 2, num_blocks,
+                                          DType::kBF16, false);
         std::vector<int64_t> blocks(c.geo.num_blocks);
         std::iota(blocks.begin(), blocks.end(), 0);
         std::shuffle(blocks.begin(), blocks.end(), rng);
@@ -501,16 +504,7 @@ TEST(CudaWriteLarge, ManyTokensMatchCpu) {
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   std::mt19937 rng(seed);
   for (DType v_dtype : {DType::kINT4, DType::kINT4, DType::kINT8, DType::kFP16}) {
-    WriteCase c;
-    c.geo.num_layers = 2;
-    c.geo.num_blocks = 64;
-    c.geo.block_size = 16;
-    c.geo.num_kv_heads = 8;
-    c.geo.head_size = 128;
-    c.geo.k_dtype = DType::kINT4;
-    c.geo.v_dtype = v_dtype;
-    c.input_dtype = DType::kBF16;
-    c.smoothing = true;
+    const WriteCase c = MakeWriteCase(DType::kINT4, v_dtype, 128, 16, 8, 64, DType::kBF16, true);
     SCOPED_TRACE(DTypeName(v_dtype));
     RunWriteCase(rng, c, c.geo.num_blocks * c.geo.block_size - 3);
   }
@@ -549,16 +543,7 @@ TEST(CudaWriteSlots, OutOfRangeSlotsWriteNothing) {
   const uint32_t seed = FreshTestSeed();
   SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
   std::mt19937 rng(seed);
-  WriteCase c;
-  c.geo.num_layers = 2;
-  c.geo.num_blocks = 4;
-  c.geo.block_size = 16;
-  c.geo.num_kv_heads = 2;
-  c.geo.head_size = 128;
-  c.geo.k_dtype = DType::kINT8;
-  c.geo.v_dtype = DType::kINT4;
-  c.input_dtype = DType::kFP32;
-  c.smoothing = false;
+  const WriteCase c = MakeWriteCase(DType::kINT8, DType::kINT4, 128, 16, 2, 4, DType::kFP32, false);
   const int64_t num_slots = int64_t{c.geo.num_blocks} * c.geo.block_size;
   const std::vector<int64_t> bad = {num_slots, -2, num_slots + 7, int64_t{1} << 40,
                                     -(int64_t{1} << 40)};
