@@ -4,7 +4,8 @@
 // Bytes counted for a decode: K, V and scales of every token attended,
 // read once (kvp_cache_info.bytes_per_token_per_layer per token). The cache
 // spans enough layers (> 4x the L2) that consecutive runs rotate through
-// different memory and never hit in L2. Two times per case, both medians
+// different memory and never hit in L2; the timed writes rotate through
+// copies of their input the same way. Two times per case, both medians
 // with CUDA events after a warm-up: "time" replays a CUDA graph of one call
 // per layer (as an engine replays its decode step; no host launch latency
 // between calls), "eager time" times >= 50 single calls, each with the host
@@ -65,8 +66,19 @@ double MedianMs(int iters, int warmup, F&& run) {
 // each timed sample replays the graph back to back until it has run at
 // least 32 calls, so the host's launch latency is paid once per sample
 // instead of once per call. Median of `samples`.
+// At least this many calls in a graph (callers cycle through their
+// layers), as in an engine's step of many layers: a replay's own launch
+// then costs each call a sixteenth of it, not a half (a 20 us write lost
+// 1-5% in graphs of two calls; docs/PERF_NOTES.md, session 15).
+// KVPAGE_BENCH_GRAPH_CALLS=N sets the minimum (1: the method before).
+int MinGraphCalls() {
+  const char* env = std::getenv("KVPAGE_BENCH_GRAPH_CALLS");
+  return env != nullptr ? std::max(1, std::min(64, std::atoi(env))) : 16;
+}
+
 template <typename F>
 double GraphMedianMs(cudaStream_t stream, int calls, int samples, F&& call) {
+  calls = std::max(calls, MinGraphCalls());
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   CheckCuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
@@ -199,22 +211,44 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   std::vector<uint16_t> host(elems);
   std::normal_distribution<float> normal;
   for (auto& x : host) x = ToBf16(normal(rng));
-  void *dk = nullptr, *dv = nullptr, *dslots = nullptr, *dtable = nullptr, *dlens = nullptr;
-  CheckCuda(cudaMalloc(&dk, elems * 2), "malloc");
-  CheckCuda(cudaMalloc(&dv, elems * 2), "malloc");
-  CheckCuda(cudaMemcpy(dk, host.data(), elems * 2, cudaMemcpyHostToDevice), "copy");
+  // The timed writes rotate, as the decodes do, through memory larger than
+  // the L2 (4x where the cache allows it), so that each call reads its K and
+  // V from memory and writes to lines no recent call left in L2: their
+  // destinations through the (layer, whole chunk) pairs, their inputs
+  // through copies of the chunk's K and V. KVPAGE_BENCH_WRITE_ROTATE=0: one
+  // input and each layer's first chunk (the method before session 15).
+  const char* rotate_env = std::getenv("KVPAGE_BENCH_WRITE_ROTATE");
+  const bool rotate = rotate_env == nullptr || std::string(rotate_env) != "0";
+  const int64_t full_chunks = total_tokens / chunk;
+  const double chunk_written = double(chunk) * info.bytes_per_token_per_layer;
+  const int write_targets =
+      rotate ? static_cast<int>(std::min<int64_t>(
+                   cfg.num_layers * full_chunks,
+                   std::max<int64_t>(cfg.num_layers, int64_t(4 * l2_bytes / chunk_written) + 1)))
+             : cfg.num_layers;
+  const int input_sets =
+      rotate ? static_cast<int>(std::min<int64_t>(8, int64_t(4 * l2_bytes) / (elems * 4) + 1)) : 1;
+  std::vector<void*> dk(input_sets), dv(input_sets);
+  void *dslots = nullptr, *dtable = nullptr, *dlens = nullptr;
+  for (int i = 0; i < input_sets; ++i) {
+    CheckCuda(cudaMalloc(&dk[i], elems * 2), "malloc");
+    CheckCuda(cudaMalloc(&dv[i], elems * 2), "malloc");
+    CheckCuda(cudaMemcpy(dk[i], host.data(), elems * 2, cudaMemcpyHostToDevice), "copy");
+  }
   std::reverse(host.begin(), host.end());
-  CheckCuda(cudaMemcpy(dv, host.data(), elems * 2, cudaMemcpyHostToDevice), "copy");
+  for (int i = 0; i < input_sets; ++i) {
+    CheckCuda(cudaMemcpy(dv[i], host.data(), elems * 2, cudaMemcpyHostToDevice), "copy");
+  }
   CheckCuda(cudaMalloc(&dslots, slots.size() * 8), "malloc");
   CheckCuda(cudaMemcpy(dslots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice), "copy");
-  auto write_chunk = [&](int layer, int64_t start, cudaStream_t on) {
+  auto write_chunk = [&](int layer, int64_t start, cudaStream_t on, int input = 0) {
     kvp_write_args w;
     kvp_write_args_init(&w);
     w.layer = layer;
     w.num_tokens = static_cast<int32_t>(std::min(chunk, total_tokens - start));
     w.input_dtype = KVP_DTYPE_BF16;
-    w.key = dk;
-    w.value = dv;
+    w.key = dk[input];
+    w.value = dv[input];
     w.slot_mapping = static_cast<const int64_t*>(dslots) + start;
     Check(kvp_cache_write(cache, &w, on), "write");
   };
@@ -222,14 +256,20 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
     for (int64_t start = 0; start < total_tokens; start += chunk) write_chunk(l, start, nullptr);
   }
   CheckCuda(cudaDeviceSynchronize(), "fill");
-  const int64_t first_chunk = std::min(chunk, total_tokens);
-  const double eager_write_ms = MedianMs(
-      std::max(iters / 2, 20), 3, [&](int i) { write_chunk(i % cfg.num_layers, 0, nullptr); });
-  const double write_ms = GraphMedianMs(stream, cfg.num_layers, std::max(iters / 4, 11),
-                                        [&](int i) { write_chunk(i, 0, stream); });
+  // Timed call i: destination i % write_targets (layers first), input copy
+  // i % input_sets; every call writes one whole chunk.
+  auto timed_write = [&](int i, cudaStream_t on) {
+    const int target = i % write_targets;
+    write_chunk(target % cfg.num_layers, (target / cfg.num_layers) * chunk, on, i % input_sets);
+  };
+  const double eager_write_ms =
+      MedianMs(std::max(iters / 2, 20), 3, [&](int i) { timed_write(i, nullptr); });
+  const double write_ms =
+      GraphMedianMs(stream, std::max(write_targets, input_sets), std::max(iters / 4, 11),
+                    [&](int i) { timed_write(i, stream); });
   // Write traffic: BF16 input read + the cache bytes written.
   const double write_bytes =
-      double(first_chunk) * (2.0 * shape.hkv * D * 2 + info.bytes_per_token_per_layer);
+      double(chunk) * (2.0 * shape.hkv * D * 2 + info.bytes_per_token_per_layer);
   const double write_gbs = write_bytes / (write_ms * 1e-3) / 1e9;
 
   CheckCuda(cudaMalloc(&dtable, table.size() * 4), "malloc");
@@ -267,7 +307,7 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   // The graph holds one decode per layer: consecutive calls still rotate
   // through memory larger than the L2.
   const double ms = GraphMedianMs(stream, cfg.num_layers, std::max(iters / 4, 11), [&](int i) {
-    a.layer = i;
+    a.layer = i % cfg.num_layers;
     Check(kvp_decode(dec, &a, stream), "decode");
   });
   const double bytes = double(total_tokens) * info.bytes_per_token_per_layer;
@@ -284,7 +324,11 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   kvp_decoder_destroy(dec);
   CheckCuda(cudaStreamDestroy(stream), "stream");
   kvp_cache_destroy(cache);
-  for (void* p : {dk, dv, dslots, dtable, dlens, dq, dout}) cudaFree(p);
+  for (int i = 0; i < input_sets; ++i) {
+    cudaFree(dk[i]);
+    cudaFree(dv[i]);
+  }
+  for (void* p : {dslots, dtable, dlens, dq, dout}) cudaFree(p);
   return r;
 }
 

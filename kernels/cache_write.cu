@@ -41,6 +41,7 @@
 #include <type_traits>
 
 #include "kernels/common/checked.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/quantize.cuh"
 #include "kernels/launch.h"
 #include "src/geometry.h"
@@ -458,6 +459,20 @@ struct VGroup {
   __device__ static int Length(uint32_t group) { return static_cast<int>(group >> 8); }
 };
 
+// Stores `value`, with the evict-first hint where `streaming`: nothing in
+// this call reads the cache bytes it writes, so lines the tile has filled
+// may leave L2 first. Callers ask for it only where the tile writes every
+// byte of the sectors involved, and only where it measured faster
+// (docs/PERF_NOTES.md, session 15).
+template <typename T>
+__device__ __forceinline__ void StoreTileBytes(T* dst, const T& value, bool streaming) {
+  if (streaming) {
+    __stcs(dst, value);
+  } else {
+    *dst = value;
+  }
+}
+
 // A scale entry: FP16 scale (2 bytes) or, for INT4, {scale, min} (4 bytes);
 // `entry` holds scale | min << 16.
 __device__ __forceinline__ void StoreScale(uint8_t* dst, int entry_bytes, uint32_t entry) {
@@ -504,6 +519,7 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   __shared__ uint32_t s_units[kMaxUnits];
   __shared__ uint32_t s_num_groups;
   __shared__ uint32_t s_num_units;
+  __shared__ uint32_t s_unit_tokens;  // bit j: token j is in a V unit
   __shared__ uint32_t s_scale[2][kTileTokens];
   __shared__ __align__(16) uint8_t s_k[kTileTokens][L::kKRowPitch];
   __shared__ __align__(8)
@@ -516,6 +532,12 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   const int D = p.geo.head_size;
   const int64_t t0 = int64_t{blockIdx.x} * kTileTokens;
   const int64_t head_offset = int64_t{h} * D;
+  // Launched as a programmatic dependent (LaunchCacheWrite): the kernel
+  // before this one in the stream may still be producing the inputs, the
+  // slot mapping, or reading the cache this overwrites. Once every block
+  // is past this point, the next kernel may take the slots this grid frees.
+  WaitForPrerequisiteGrid();
+  AllowDependentGrid();
 
   // 1. The rows in flight first; the slots meanwhile: each lane group
   // reads its token's (to know whether it writes), warp 0 the tile's (for
@@ -553,6 +575,8 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
       if (head) s_units[__popc(heads & ((1u << tid) - 1u))] = tid;
       if (tid == 0) s_num_units = __popc(heads);
     }
+    const uint32_t unit_tokens = __ballot_sync(kFullWarp, in_unit);
+    if (tid == 0) s_unit_tokens = unit_tokens;
     // V groups of the other tokens: a token continues the group of the
     // token before it when their slots are consecutive within one aligned
     // V word.
@@ -605,12 +629,17 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
 
   // 3. Store the tile, adjacent threads on adjacent tokens.
   // K: chunk c of token j is 16 bytes at its row + c * chunk_stride.
+  const bool k_streaming = lay.k_bits < 16;
   for (unsigned i = tid; i < lay.k_chunks * kTileTokens; i += L::kThreads) {
     const int j = i % kTileTokens;
     const int c = i / kTileTokens;
     if (s_k_row[j] < 0) continue;
-    *reinterpret_cast<uint4*>(lay.k_data + s_k_row[j] + c * lay.k_chunk_stride) =
-        *reinterpret_cast<const uint4*>(&s_k[j][c * 16]);
+    // A token of a V unit is one of U (8 or more) whose slots run from a
+    // multiple of U: their chunks fill whole 128-byte lines. Quantized K
+    // only: 16-bit K wrote the ragged batch 4% slower with the hint.
+    StoreTileBytes(reinterpret_cast<uint4*>(lay.k_data + s_k_row[j] + c * lay.k_chunk_stride),
+                   *reinterpret_cast<const uint4*>(&s_k[j][c * 16]),
+                   k_streaming && ((s_unit_tokens >> j) & 1u));
   }
   // Scales: K by the first 32 threads, V by the next 32.
   if (tid < 2 * kTileTokens) {
@@ -646,17 +675,20 @@ __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
   const int64_t channel_stride = lay.v_channel_stride;
   // Words per unit: 4 (16 bytes) or 2 (a block row of 8 bytes).
   const bool wide_units = lay.v_unit_tokens == 4 * W;
+  // A unit that is a block's whole row: the tile writes every channel's
+  // row, so whole sectors (a 16-bit unit is half a row at block size 16).
+  const bool unit_rows = lay.v_unit_tokens == (1 << lay.block_shift);
   auto store_unit = [&](int d, int ui) {
     const int j = static_cast<int>(s_units[ui]);
     uint8_t* const dst = lay.v_data + s_v_row[j] + d * channel_stride;
     if (wide_units) {
       uint32_t w[4];
       VStage<kVBits>::Words(s_v[d], j, w);
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      StoreTileBytes(reinterpret_cast<uint4*>(dst), make_uint4(w[0], w[1], w[2], w[3]), unit_rows);
     } else {
       uint32_t w[2];
       VStage<kVBits>::Words(s_v[d], j, w);
-      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+      StoreTileBytes(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]), unit_rows);
     }
   };
   auto store_group = [&](int d, int gi) {
@@ -749,23 +781,32 @@ WriteLayout MakeWriteLayout(const WriteParams& p) {
 }
 
 template <typename Tag, int kLanes, int kVBits, bool kVecLoads>
-int Launch(const WriteParams& p, cudaStream_t stream) {
+int Launch(const WriteParams& p, bool dependent, cudaStream_t stream) {
   const int64_t tiles = (int64_t{p.num_tokens} + kTileTokens - 1) / kTileTokens;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.geo.num_kv_heads));
-  CacheWriteKernel<Tag, kLanes, kVBits, kVecLoads>
-      <<<grid, RowLayout<Tag, kLanes>::kThreads, 0, stream>>>(p, MakeWriteLayout(p));
-  return cudaGetLastError();
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.geo.num_kv_heads));
+  config.blockDim = dim3(RowLayout<Tag, kLanes>::kThreads);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = dependent ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(
+      &config, CacheWriteKernel<Tag, kLanes, kVBits, kVecLoads>, p, MakeWriteLayout(p));
+  const cudaError_t last = cudaGetLastError();  // and clear it
+  return err != cudaSuccess ? err : last;
 }
 
 template <typename Tag, int kLanes, bool kVecLoads>
-int LaunchForVBits(const WriteParams& p, cudaStream_t stream) {
+int LaunchForVBits(const WriteParams& p, bool dependent, cudaStream_t stream) {
   switch (p.geo.v_bits()) {
     case 16:
-      return Launch<Tag, kLanes, 16, kVecLoads>(p, stream);
+      return Launch<Tag, kLanes, 16, kVecLoads>(p, dependent, stream);
     case 8:
-      return Launch<Tag, kLanes, 8, kVecLoads>(p, stream);
+      return Launch<Tag, kLanes, 8, kVecLoads>(p, dependent, stream);
     case 4:
-      return Launch<Tag, kLanes, 4, kVecLoads>(p, stream);
+      return Launch<Tag, kLanes, 4, kVecLoads>(p, dependent, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -775,19 +816,19 @@ int LaunchForVBits(const WriteParams& p, cudaStream_t stream) {
 // the V word's packing and the input rows' alignment become template
 // arguments.
 template <typename Tag>
-int LaunchForInput(const WriteParams& p, bool vec_loads, cudaStream_t stream) {
+int LaunchForInput(const WriteParams& p, bool vec_loads, bool dependent, cudaStream_t stream) {
   const bool narrow = p.geo.head_size <= RowLayout<Tag, 8>::kMaxHeadSize;
   if (vec_loads) {
-    return narrow ? LaunchForVBits<Tag, 8, true>(p, stream)
-                  : LaunchForVBits<Tag, 16, true>(p, stream);
+    return narrow ? LaunchForVBits<Tag, 8, true>(p, dependent, stream)
+                  : LaunchForVBits<Tag, 16, true>(p, dependent, stream);
   }
-  return narrow ? LaunchForVBits<Tag, 8, false>(p, stream)
-                : LaunchForVBits<Tag, 16, false>(p, stream);
+  return narrow ? LaunchForVBits<Tag, 8, false>(p, dependent, stream)
+                : LaunchForVBits<Tag, 16, false>(p, dependent, stream);
 }
 
 }  // namespace
 
-int LaunchCacheWrite(const WriteParams& params, void* stream) {
+int LaunchCacheWrite(const WriteParams& params, bool dependent, void* stream) {
   const CacheGeometry& g = params.geo;
   if (params.num_tokens <= 0 || g.num_kv_heads <= 0) return cudaSuccess;
   // The 16-byte K chunk stores and the scale/V stores need an aligned layer
@@ -809,11 +850,11 @@ int LaunchCacheWrite(const WriteParams& params, void* stream) {
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (params.input_dtype) {
     case DType::kFP32:
-      return LaunchForInput<float>(params, vec_loads, s);
+      return LaunchForInput<float>(params, vec_loads, dependent, s);
     case DType::kFP16:
-      return LaunchForInput<HalfTag>(params, vec_loads, s);
+      return LaunchForInput<HalfTag>(params, vec_loads, dependent, s);
     case DType::kBF16:
-      return LaunchForInput<Bf16Tag>(params, vec_loads, s);
+      return LaunchForInput<Bf16Tag>(params, vec_loads, dependent, s);
     default:
       return cudaErrorInvalidValue;
   }

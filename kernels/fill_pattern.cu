@@ -1,6 +1,7 @@
 // Toolchain probe and test-support kernels (see kernels/launch.h).
 #include <cuda_runtime.h>
 
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/launch.h"
 
 namespace kvpage {
@@ -31,6 +32,23 @@ __global__ void CountUnpoisonedSharedKernel(int words, unsigned int* count) {
     n += (v.x != ~0u) + (v.y != ~0u) + (v.z != ~0u) + (v.w != ~0u);
   }
   if (n != 0) atomicAdd(count, n);
+}
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void DelayedCopyKernel(uint8_t* dst, const uint8_t* src, int64_t bytes,
+                                  int64_t delay_ns) {
+  AllowDependentGrid();
+  const uint64_t start = GlobalTimerNs();
+  while (GlobalTimerNs() - start < static_cast<uint64_t>(delay_ns)) __nanosleep(1000);
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < bytes; i += stride) {
+    dst[i] = src[i];
+  }
 }
 
 // The current device's attribute `attr` -> *value.
@@ -65,6 +83,13 @@ int LaunchPoisonShared(void* stream) {
   // reserves a block); twice the SM count reaches every SM in practice
   // (the scheduler promises nothing: CudaProbe.PoisonSharedIsSeen checks).
   PoisonSharedKernel<<<2 * sms, 256, bytes, static_cast<cudaStream_t>(stream)>>>(bytes / 16);
+  return cudaGetLastError();
+}
+
+int LaunchDelayedCopy(void* dst, const void* src, int64_t bytes, int64_t delay_ns, void* stream) {
+  // A few blocks: the dependent's blocks must find room beside them.
+  DelayedCopyKernel<<<4, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes, delay_ns);
   return cudaGetLastError();
 }
 

@@ -26,6 +26,11 @@ int LaunchPoisonShared(void* stream);
 // shared memory of 2 x SMs blocks of 48 KiB, read before any write (after
 // LaunchPoisonShared: none, where the poison reaches what kernels see).
 int LaunchCountUnpoisonedShared(unsigned int* count, void* stream);
+// Tests: a producer that lets its programmatic dependent start at once
+// (sm_90+) and only then, after spinning for `delay_ns`, copies `bytes`
+// from src to dst on `stream`. A kernel launched next as a dependent reads
+// dst's new bytes only if it waits for its prerequisite grid first.
+int LaunchDelayedCopy(void* dst, const void* src, int64_t bytes, int64_t delay_ns, void* stream);
 
 // Test support: counts where ScaleDivisor (kernels/common/quantize.cuh)
 // and __fdiv_rn disagree on `stream`: counts[0] over every pair of an FP16
@@ -43,8 +48,11 @@ int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, u
 
 // Quantize + scatter (WriteParams; pointers in device memory). Produces
 // the same bytes as the CPU backend's write; -1 slots are skipped, slots
-// out of range are skipped too (nothing is written for them).
-int LaunchCacheWrite(const WriteParams& params, void* stream);
+// out of range are skipped too (nothing is written for them). With
+// `dependent` (sm_90+), the kernel is a programmatic dependent launch: its
+// blocks may start while the stream's previous kernel drains, and wait on
+// the device for it to complete before touching memory.
+int LaunchCacheWrite(const WriteParams& params, bool dependent, void* stream);
 
 // Copies blocks pairs[2i] -> pairs[2i+1] of every layer of the cache at
 // `base`, data and scales, in one launch. `pairs` is in device memory, or,

@@ -65,6 +65,7 @@
 
 #include "kernels/common/checked.cuh"
 #include "kernels/common/dequant.cuh"
+#include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
 #include "src/geometry.h"
@@ -631,27 +632,16 @@ __device__ __forceinline__ void StoreRowStats(const DecodeParams& p, const Decod
 constexpr int kMinBlocksPerSm = 4;
 constexpr int kMinBlocksPerSmOneRow = 6;
 
-// Programmatic dependent launch (sm_90+; no-ops before, and where the
-// launch did not ask for it): a partition block lets the reduce grid be
-// scheduled as soon as it starts — the reduce's blocks then take SM slots
-// as the partition grid drains instead of after it — and the reduce waits
-// for the whole partition grid, its stores visible, before its first read
-// of a partial.
-__device__ __forceinline__ void AllowDependentGrid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void WaitForPrerequisiteGrid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 // Fills the partition's coordinates from blockIdx; false when the
 // partition starts past its sequence's end (nothing to do).
 __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodeShape& shape,
                                                PartitionState& st) {
+  // As a programmatic dependent (DecodeShape::dependent_partitions), the
+  // stream's previous kernel may still be writing q, the tables or the cache.
+  WaitForPrerequisiteGrid();
+  // The reduce grid (a programmatic dependent, DecodeShape::dependent_reduce)
+  // may be scheduled as soon as every partition block has started: its
+  // blocks then take SM slots as this grid drains.
   AllowDependentGrid();
   const CacheGeometry& g = p.geo;
   st.part = blockIdx.x;
@@ -868,8 +858,9 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t base = PartialBase(p, shape, s, i, h);
   const int64_t row = int64_t{s} * p.query_len + i;
   // Everything above reads the caller's inputs, which were complete before
-  // the partition kernel started; the partials are its results.
+  // the partition kernel passed its own wait; the partials are its results.
   WaitForPrerequisiteGrid();
+  AllowDependentGrid();
   if (written) return;  // by the sequence's one partition
   // out = acc / total (sum of the weights), lse = m + log(total); total >= 1
   // whenever anything was visible (the partition holding the maximum
@@ -995,8 +986,19 @@ inline int LaunchPartitionGrid(PartitionKernelFn kernel, std::atomic<size_t>* co
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(shape.max_partitions),
                   static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p, shape, ws);
-  return cudaGetLastError();
+  cudaLaunchAttribute dependent;
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = shape.dependent_partitions ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, shape, ws);
+  const cudaError_t last = cudaGetLastError();  // and clear it
+  return e != cudaSuccess ? e : last;
 }
 
 template <DType KT, int D, int kRows>

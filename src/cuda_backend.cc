@@ -136,7 +136,8 @@ class CudaBackend final : public Backend {
 
   absl::Status Write(const WriteParams& p, void* stream) override {
     KVP_CUDA_GUARD(ordinal_);
-    return CudaError(static_cast<cudaError_t>(kernels::LaunchCacheWrite(p, stream)),
+    return CudaError(static_cast<cudaError_t>(kernels::LaunchCacheWrite(
+                         p, cc_major_ >= 9 && DependentWriteFromEnvironment(), stream)),
                      "cache write kernel launch");
   }
 
@@ -155,13 +156,27 @@ class CudaBackend final : public Backend {
     return path;
   }
 
-  // KVPAGE_DECODE_PDL=0 launches the reduce kernel after the partition
-  // kernel in plain stream order (an escape hatch, and the comparison in
-  // docs/PERF_NOTES.md); otherwise it is a programmatic dependent launch
-  // where the device has one (sm_90+). Read once per process.
+  // KVPAGE_DECODE_PDL=0 launches the decode's kernels in plain stream
+  // order (an escape hatch, and the comparison in docs/PERF_NOTES.md);
+  // otherwise each is a programmatic dependent launch where the device has
+  // one (sm_90+): the partition kernel of the stream's previous kernel, the
+  // reduce of the partition kernel. Read once per process.
   static bool DependentReduceFromEnvironment() {
     static const bool on = [] {
       const char* v = std::getenv("KVPAGE_DECODE_PDL");
+      return v == nullptr || absl::string_view(v) != "0";
+    }();
+    return on;
+  }
+
+  // KVPAGE_WRITE_PDL=0 launches the cache write in plain stream order (an
+  // escape hatch, and the comparison in docs/PERF_NOTES.md); otherwise it
+  // is a programmatic dependent launch where the device has one (sm_90+):
+  // its blocks start while the stream's previous kernel drains. Read once
+  // per process.
+  static bool DependentWriteFromEnvironment() {
+    static const bool on = [] {
+      const char* v = std::getenv("KVPAGE_WRITE_PDL");
       return v == nullptr || absl::string_view(v) != "0";
     }();
     return on;
@@ -216,6 +231,7 @@ class CudaBackend final : public Backend {
     const int32_t rows = cap.num_q_heads / geo.num_kv_heads * cap.max_query_len;
     s.path = PathFromEnvironment();
     s.dependent_reduce = cc_major_ >= 9 && DependentReduceFromEnvironment();
+    s.dependent_partitions = s.dependent_reduce;
     // One step ahead each on sm_90+, the best measured on the H100 (two
     // thrashed L2); off before sm_90, where it was never measured.
     const auto [pf_k, pf_v] = PrefetchFromEnvironment();

@@ -100,6 +100,10 @@ struct DecodeShape {
   // partition kernel (sm_90+): its blocks start while the partition grid
   // drains and wait for its results on the device.
   bool dependent_reduce = false;
+  // The partition kernel is launched as a programmatic dependent of the
+  // stream's previous kernel (sm_90+): its blocks start while that kernel
+  // drains and wait on the device before reading anything.
+  bool dependent_partitions = false;
   // The tensor-core kernel's register path has L2 fetch the K (V) blocks
   // of the step this many steps ahead of the one it computes (0: none;
   // the CUDA backend's Shape() sets one each on sm_90+).

@@ -343,17 +343,24 @@ void RunCase(const Case &c) {
   shape.path = c.path;
   shape.prefetch_k_steps = static_cast<int32_t>(rng() % 3);  // results must not depend on them
   shape.prefetch_v_steps = static_cast<int32_t>(rng() % 3);
+  // Mostly as the host launches on sm_90+: both kernels programmatic
+  // dependents (the partition kernel of the delayed q copy below).
+  shape.dependent_reduce = rng() % 4 != 0;
+  shape.dependent_partitions = shape.dependent_reduce && rng() % 4 != 0;
   shape.direct_output = kernels::PartitionKernelWritesOutput(
       geo, kernels::DecodeUsesTensorCores(geo, c.group * shape.max_query_len, c.path));
   const size_t partials = static_cast<size_t>(shape.max_num_seqs) * shape.max_query_len * hq *
                           std::max(shape.max_partitions, 1);
-  DeviceBuffer d_cache(cache.size()), d_q(q.size()), d_out(out_bytes),
+  DeviceBuffer d_cache(cache.size()), d_q(q.size()), d_q_src(q.size()), d_out(out_bytes),
       d_lse(gpu_lse.size() * sizeof(float)), d_pout(partials * D * sizeof(float)),
       d_pmax(partials * sizeof(float)), d_psum(partials * sizeof(float));
-  ASSERT_TRUE(d_cache.ok() && d_q.ok() && d_out.ok() && d_lse.ok() && d_pout.ok() && d_pmax.ok() &&
-              d_psum.ok());
+  ASSERT_TRUE(d_cache.ok() && d_q.ok() && d_q_src.ok() && d_out.ok() && d_lse.ok() && d_pout.ok() &&
+              d_pmax.ok() && d_psum.ok());
   d_cache.Upload(cache.data());
-  d_q.Upload(q.data());
+  // q reaches d_q through a kernel right before the decode (below); until
+  // then d_q holds NaN.
+  d_q.Poison();
+  d_q_src.Upload(q.data());
   d_out.Poison();
   d_lse.Poison();
   d_pout.Poison();
@@ -378,6 +385,11 @@ void RunCase(const Case &c) {
   ws.partial_out = d_pout.get<float>();
   ws.partial_max = d_pmax.get<float>();
   ws.partial_sum = d_psum.get<float>();
+  // A producer that lets a dependent start at once and writes q 20 us
+  // later: the partition kernel must wait for it before reading q.
+  ASSERT_EQ(kernels::LaunchDelayedCopy(d_q.get(), d_q_src.get(), static_cast<int64_t>(q.size()),
+                                       20000, nullptr),
+            0);
   ASSERT_EQ(kernels::LaunchDecode(d, shape, ws, nullptr), 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   d_out.Download(gpu_out.data());

@@ -378,15 +378,18 @@ void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
   const absl::Status st = MakeCpuBackend()->Write(cpu, nullptr);
   ASSERT_TRUE(st.ok()) << st;
 
+  // V reaches d_value through a kernel right before the write (below);
+  // until then d_value holds NaN.
   DeviceBuffer d_cache(poison.size()), d_key(key.size()), d_value(value.size()),
-      d_slots(gpu_slots.size() * sizeof(int64_t)), d_smoothing(smoothing.size() * sizeof(float)),
-      d_counters(sizeof(WriteCounters));
-  ASSERT_TRUE(d_cache.ok() && d_key.ok() && d_value.ok() && d_slots.ok() && d_smoothing.ok() &&
-              d_counters.ok());
+      d_value_src(value.size()), d_slots(gpu_slots.size() * sizeof(int64_t)),
+      d_smoothing(smoothing.size() * sizeof(float)), d_counters(sizeof(WriteCounters));
+  ASSERT_TRUE(d_cache.ok() && d_key.ok() && d_value.ok() && d_value_src.ok() && d_slots.ok() &&
+              d_smoothing.ok() && d_counters.ok());
   ASSERT_EQ(cudaMemcpy(d_cache.get(), poison.data(), poison.size(), cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_key.get(), key.data(), key.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_value.get(), value.data(), value.size(), cudaMemcpyHostToDevice),
+  ASSERT_EQ(cudaMemset(d_value.get(), 0xFF, value.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_value_src.get(), value.data(), value.size(), cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_slots.get(), gpu_slots.data(), gpu_slots.size() * sizeof(int64_t),
                        cudaMemcpyHostToDevice),
@@ -410,7 +413,13 @@ void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
   // stage bytes of tokens that write nothing were once folded into a
   // neighbour's INT4 code (docs/PERF_NOTES.md, session 11).
   ASSERT_EQ(kernels::LaunchPoisonShared(nullptr), cudaSuccess);
-  ASSERT_EQ(kernels::LaunchCacheWrite(gpu, nullptr), cudaSuccess);
+  // The write is launched as the host launches it on sm_90+: a programmatic
+  // dependent of the kernel before it, here one that lets it start at once
+  // and writes V 20 us later; it must wait for that kernel before reading.
+  ASSERT_EQ(kernels::LaunchDelayedCopy(d_value.get(), d_value_src.get(),
+                                       static_cast<int64_t>(value.size()), 20000, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(kernels::LaunchCacheWrite(gpu, true, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   std::vector<uint8_t> gpu_cache(poison.size());
@@ -560,7 +569,7 @@ TEST(CudaWriteSlots, NoTokensIsANoOp) {
   p.geo.head_size = 128;
   p.input_dtype = DType::kFP16;
   p.num_tokens = 0;
-  EXPECT_EQ(kernels::LaunchCacheWrite(p, nullptr), cudaSuccess);
+  EXPECT_EQ(kernels::LaunchCacheWrite(p, false, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
@@ -610,10 +619,10 @@ void BenchWrite(DType k_dtype, DType v_dtype, bool shuffled) {
   cudaEvent_t start, stop;
   ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
-  ASSERT_EQ(kernels::LaunchCacheWrite(p, nullptr), cudaSuccess);  // warm-up
+  ASSERT_EQ(kernels::LaunchCacheWrite(p, false, nullptr), cudaSuccess);  // warm-up
   const int reps = 20;
   cudaEventRecord(start);
-  for (int i = 0; i < reps; ++i) kernels::LaunchCacheWrite(p, nullptr);
+  for (int i = 0; i < reps; ++i) kernels::LaunchCacheWrite(p, false, nullptr);
   cudaEventRecord(stop);
   ASSERT_EQ(cudaEventSynchronize(stop), cudaSuccess);
   float ms = 0;
