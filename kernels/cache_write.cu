@@ -21,6 +21,8 @@
 //      one vector store, and the other tokens per group (VGroup: tokens
 //      whose slots are consecutive within one aligned 32-bit V word of W =
 //      32 / v_bits tokens). A group that fills its word is one plain store.
+//      Stores that fill whole lines of a quantized cache carry the
+//      evict-first hint (StoreTileBytes).
 // A group that fills part of its word (a run cut by the tile's edge, a
 // decode step's token) stores its codes alone; an INT4 nibble then shares
 // its byte with a token another block may be writing, so a group's nibbles
@@ -783,19 +785,10 @@ WriteLayout MakeWriteLayout(const WriteParams& p) {
 template <typename Tag, int kLanes, int kVBits, bool kVecLoads>
 int Launch(const WriteParams& p, bool dependent, cudaStream_t stream) {
   const int64_t tiles = (int64_t{p.num_tokens} + kTileTokens - 1) / kTileTokens;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.geo.num_kv_heads));
-  config.blockDim = dim3(RowLayout<Tag, kLanes>::kThreads);
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = dependent ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(
-      &config, CacheWriteKernel<Tag, kLanes, kVBits, kVecLoads>, p, MakeWriteLayout(p));
-  const cudaError_t last = cudaGetLastError();  // and clear it
-  return err != cudaSuccess ? err : last;
+  return LaunchKernel(&CacheWriteKernel<Tag, kLanes, kVBits, kVecLoads>,
+                      dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(p.geo.num_kv_heads)),
+                      dim3(RowLayout<Tag, kLanes>::kThreads), 0, stream, dependent, p,
+                      MakeWriteLayout(p));
 }
 
 template <typename Tag, int kLanes, bool kVecLoads>

@@ -164,19 +164,9 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
   // As a programmatic dependent of the partition kernel (DecodeShape::
   // dependent_reduce). Never without one: the reduce reads the lengths
   // before its wait, safe only behind a kernel that started after them.
-  cudaLaunchAttribute dependent;
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(decode::kReduceThreads);
-  config.stream = s;
-  config.attrs = &dependent;
-  config.numAttrs = shape.dependent_reduce && shape.max_partitions > 0 ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(
-      &config, decode::ReduceKernel<decode::kReduceThreads>, params, shape, workspace);
-  const cudaError_t last = cudaGetLastError();  // and clear it
-  return err != cudaSuccess ? err : last;
+  return LaunchKernel(&decode::ReduceKernel<decode::kReduceThreads>, grid,
+                      dim3(decode::kReduceThreads), 0, s,
+                      shape.dependent_reduce && shape.max_partitions > 0, params, shape, workspace);
 }
 
 }  // namespace kernels

@@ -986,19 +986,8 @@ inline int LaunchPartitionGrid(PartitionKernelFn kernel, std::atomic<size_t>* co
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(shape.max_partitions),
                   static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  cudaLaunchAttribute dependent;
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  config.attrs = &dependent;
-  config.numAttrs = shape.dependent_partitions ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, p, shape, ws);
-  const cudaError_t last = cudaGetLastError();  // and clear it
-  return e != cudaSuccess ? e : last;
+  return LaunchKernel(kernel, grid, dim3(kThreads), smem_bytes, stream, shape.dependent_partitions,
+                      p, shape, ws);
 }
 
 template <DType KT, int D, int kRows>

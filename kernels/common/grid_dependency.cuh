@@ -8,6 +8,11 @@
 #ifndef KVPAGE_KERNELS_COMMON_GRID_DEPENDENCY_CUH_
 #define KVPAGE_KERNELS_COMMON_GRID_DEPENDENCY_CUH_
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
 namespace kvpage {
 namespace kernels {
 
@@ -26,6 +31,28 @@ __device__ __forceinline__ void WaitForPrerequisiteGrid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// Launches kernel<<<grid, block, smem_bytes, stream>>>(args...), as a
+// programmatic dependent of the stream's previous kernel where `dependent`
+// (the kernel must then call WaitForPrerequisiteGrid before its first
+// global memory access). Returns the launch's error, and clears it.
+template <typename... Params, typename... Args>
+inline int LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                        cudaStream_t stream, bool dependent, Args&&... args) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = dependent ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t last = cudaGetLastError();
+  return err != cudaSuccess ? err : last;
 }
 
 }  // namespace kernels
