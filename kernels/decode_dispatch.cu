@@ -162,11 +162,11 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
   const dim3 grid(static_cast<unsigned>(params.num_q_heads),
                   static_cast<unsigned>(params.query_len), static_cast<unsigned>(params.num_seqs));
   // As a programmatic dependent of the partition kernel (DecodeShape::
-  // dependent_reduce). Never without one: the reduce reads the lengths
-  // before its wait, safe only behind a kernel that started after them.
+  // dependent_launch). Never without one: the reduce reads the lengths
+  // before its wait, safe only behind a kernel that passed its own wait.
   return LaunchKernel(&decode::ReduceKernel<decode::kReduceThreads>, grid,
                       dim3(decode::kReduceThreads), 0, s,
-                      shape.dependent_reduce && shape.max_partitions > 0, params, shape, workspace);
+                      shape.dependent_launch && shape.max_partitions > 0, params, shape, workspace);
 }
 
 }  // namespace kernels

@@ -636,12 +636,11 @@ constexpr int kMinBlocksPerSmOneRow = 6;
 // partition starts past its sequence's end (nothing to do).
 __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodeShape& shape,
                                                PartitionState& st) {
-  // As a programmatic dependent (DecodeShape::dependent_partitions), the
+  // As a programmatic dependent (DecodeShape::dependent_launch), the
   // stream's previous kernel may still be writing q, the tables or the cache.
   WaitForPrerequisiteGrid();
-  // The reduce grid (a programmatic dependent, DecodeShape::dependent_reduce)
-  // may be scheduled as soon as every partition block has started: its
-  // blocks then take SM slots as this grid drains.
+  // The reduce grid (a programmatic dependent too) may be scheduled as soon as every partition
+  // block has started: its blocks then take SM slots as this grid drains.
   AllowDependentGrid();
   const CacheGeometry& g = p.geo;
   st.part = blockIdx.x;
@@ -986,8 +985,8 @@ inline int LaunchPartitionGrid(PartitionKernelFn kernel, std::atomic<size_t>* co
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(shape.max_partitions),
                   static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  return LaunchKernel(kernel, grid, dim3(kThreads), smem_bytes, stream, shape.dependent_partitions,
-                      p, shape, ws);
+  return LaunchKernel(kernel, grid, dim3(kThreads), smem_bytes, stream, shape.dependent_launch, p,
+                      shape, ws);
 }
 
 template <DType KT, int D, int kRows>

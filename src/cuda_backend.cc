@@ -156,29 +156,23 @@ class CudaBackend final : public Backend {
     return path;
   }
 
-  // KVPAGE_DECODE_PDL=0 launches the decode's kernels in plain stream
-  // order (an escape hatch, and the comparison in docs/PERF_NOTES.md);
-  // otherwise each is a programmatic dependent launch where the device has
-  // one (sm_90+): the partition kernel of the stream's previous kernel, the
-  // reduce of the partition kernel. Read once per process.
-  static bool DependentReduceFromEnvironment() {
-    static const bool on = [] {
-      const char* v = std::getenv("KVPAGE_DECODE_PDL");
-      return v == nullptr || absl::string_view(v) != "0";
-    }();
+  // Whether environment variable `name` leaves a programmatic dependent
+  // launch on: anything but "0" (unset included).
+  static bool DependentLaunchOn(const char* name) {
+    const char* v = std::getenv(name);
+    return v == nullptr || absl::string_view(v) != "0";
+  }
+  // KVPAGE_DECODE_PDL=0 launches the decode's kernels, KVPAGE_WRITE_PDL=0
+  // the cache write, in plain stream order (escape hatches, and the
+  // comparisons in docs/PERF_NOTES.md); otherwise each is a programmatic
+  // dependent launch where the device has one (sm_90+). Read once per
+  // process.
+  static bool DependentDecodeFromEnvironment() {
+    static const bool on = DependentLaunchOn("KVPAGE_DECODE_PDL");
     return on;
   }
-
-  // KVPAGE_WRITE_PDL=0 launches the cache write in plain stream order (an
-  // escape hatch, and the comparison in docs/PERF_NOTES.md); otherwise it
-  // is a programmatic dependent launch where the device has one (sm_90+):
-  // its blocks start while the stream's previous kernel drains. Read once
-  // per process.
   static bool DependentWriteFromEnvironment() {
-    static const bool on = [] {
-      const char* v = std::getenv("KVPAGE_WRITE_PDL");
-      return v == nullptr || absl::string_view(v) != "0";
-    }();
+    static const bool on = DependentLaunchOn("KVPAGE_WRITE_PDL");
     return on;
   }
 
@@ -230,8 +224,7 @@ class CudaBackend final : public Backend {
     s.max_query_len = cap.max_query_len;
     const int32_t rows = cap.num_q_heads / geo.num_kv_heads * cap.max_query_len;
     s.path = PathFromEnvironment();
-    s.dependent_reduce = cc_major_ >= 9 && DependentReduceFromEnvironment();
-    s.dependent_partitions = s.dependent_reduce;
+    s.dependent_launch = cc_major_ >= 9 && DependentDecodeFromEnvironment();
     // One step ahead each on sm_90+, the best measured on the H100 (two
     // thrashed L2); off before sm_90, where it was never measured.
     const auto [pf_k, pf_v] = PrefetchFromEnvironment();

@@ -96,14 +96,11 @@ struct DecodeShape {
   // than one partition, which the reduce kernel then skips (where the
   // kernel has the registers for it: kernels/launch.h).
   bool direct_output = false;
-  // The reduce kernel is launched as a programmatic dependent of the
-  // partition kernel (sm_90+): its blocks start while the partition grid
-  // drains and wait for its results on the device.
-  bool dependent_reduce = false;
-  // The partition kernel is launched as a programmatic dependent of the
-  // stream's previous kernel (sm_90+): its blocks start while that kernel
-  // drains and wait on the device before reading anything.
-  bool dependent_partitions = false;
+  // Programmatic dependent launches (sm_90+): the partition kernel of the
+  // stream's previous kernel, the reduce kernel of the partition kernel.
+  // Each one's blocks start while its predecessor drains and wait on the
+  // device before touching what it writes.
+  bool dependent_launch = false;
   // The tensor-core kernel's register path has L2 fetch the K (V) blocks
   // of the step this many steps ahead of the one it computes (0: none;
   // the CUDA backend's Shape() sets one each on sm_90+).

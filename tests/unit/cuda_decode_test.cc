@@ -345,8 +345,7 @@ void RunCase(const Case &c) {
   shape.prefetch_v_steps = static_cast<int32_t>(rng() % 3);
   // Mostly as the host launches on sm_90+: both kernels programmatic
   // dependents (the partition kernel of the delayed q copy below).
-  shape.dependent_reduce = rng() % 4 != 0;
-  shape.dependent_partitions = shape.dependent_reduce && rng() % 4 != 0;
+  shape.dependent_launch = rng() % 4 != 0;
   shape.direct_output = kernels::PartitionKernelWritesOutput(
       geo, kernels::DecodeUsesTensorCores(geo, c.group * shape.max_query_len, c.path));
   const size_t partials = static_cast<size_t>(shape.max_num_seqs) * shape.max_query_len * hq *

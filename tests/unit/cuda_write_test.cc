@@ -413,13 +413,16 @@ void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
   // stage bytes of tokens that write nothing were once folded into a
   // neighbour's INT4 code (docs/PERF_NOTES.md, session 11).
   ASSERT_EQ(kernels::LaunchPoisonShared(nullptr), cudaSuccess);
-  // The write is launched as the host launches it on sm_90+: a programmatic
-  // dependent of the kernel before it, here one that lets it start at once
-  // and writes V 20 us later; it must wait for that kernel before reading.
+  // Mostly as the host launches it on sm_90+: a programmatic dependent of
+  // the kernel before it, here one that lets it start at once and writes V
+  // 20 us later; it must wait for that kernel before reading. Otherwise in
+  // plain stream order.
+  const bool dependent = rng() % 4 != 0;
+  SCOPED_TRACE(dependent ? "dependent launch" : "launch in stream order");
   ASSERT_EQ(kernels::LaunchDelayedCopy(d_value.get(), d_value_src.get(),
                                        static_cast<int64_t>(value.size()), 20000, nullptr),
             cudaSuccess);
-  ASSERT_EQ(kernels::LaunchCacheWrite(gpu, true, nullptr), cudaSuccess);
+  ASSERT_EQ(kernels::LaunchCacheWrite(gpu, dependent, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   std::vector<uint8_t> gpu_cache(poison.size());
