@@ -53,7 +53,10 @@
 // bias still on (skipping one FP16 op a pair; the bias removed from the
 // products) was measured 2% faster and lost the FP32 accumulator's
 // precision: P.V by 2e-2 over long partitions, Q.K^T by 0.02 in a logit
-// (docs/PERF_NOTES.md).
+// (docs/PERF_NOTES.md). INT4 codes enter as FP16 subnormals instead (no
+// bias at all, one LOP3 a pair): their units (2^-24, and 2^-20 for the
+// high nibbles) ride on q and P' and leave with the logit factor and the
+// output's normalization.
 #ifndef KVPAGE_KERNELS_TC_DECODE_CUH_
 #define KVPAGE_KERNELS_TC_DECODE_CUH_
 
@@ -302,6 +305,13 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   constexpr bool kMaskV = T != DType::kINT8 && T != DType::kINT4;  // codes that can be NaN
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
+  // The codes' units in the mma operands (CodePairUnit; INT4: subnormals).
+  // K: q's channels in the hi registers take kHiRatio, so that every
+  // product is q * code * kLoUnit, removed in the logit factor. V: P' of the
+  // hi registers' tokens takes kHiRatio, and O is kLoUnit times its value
+  // until it leaves the registers.
+  constexpr float kLoUnit = CodePairUnit<T>(false);
+  constexpr float kHiRatio = CodePairUnit<T>(false) / CodePairUnit<T>(true);
 
   const CacheGeometry &g = p.geo;
   PartitionState st;
@@ -552,7 +562,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       vfac = ldexpf(1.0f, min(max(14 - e, -100), 100));
     }
   }
-  const float inv_vfac = 1.0f / vfac;  // a power of two: exact
+  const float inv_vfac = 1.0f / kLoUnit / vfac;      // powers of two: exact (with a ring too)
+  const float vfac_hh[2] = {vfac, vfac * kHiRatio};  // P' of the lo, hi registers' tokens
 
   for (int r0 = 0; r0 < st.rows; r0 += kPassRows) {
     // ---- Q^T operands: lane (grp, tig) holds row r0 + 8 nt + grp at the
@@ -614,12 +625,13 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float a = x[ks][2 * h] * up;
-          const float b = x[ks][2 * h + 1] * up;
+          const float u = h == 1 ? kHiRatio : 1.0f;  // the codes' unit
+          const float a = x[ks][2 * h] * up * u;
+          const float b = x[ks][2 * h + 1] * up * u;
           const uint32_t hi = PackPair<kBf16>(a, b);
           const float2 hv = UnpackPair<kBf16>(hi);
           qb[nt][ks][h][0] = hi;
-          qsum += hv.x + hv.y;
+          qsum += (hv.x + hv.y) / u;
           if constexpr (kParts == 2) {
             const uint32_t lo = PackPair<kBf16>(a - hv.x, b - hv.y);
             const float2 lv = UnpackPair<kBf16>(lo);
@@ -630,8 +642,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       }
       qsum += __shfl_xor_sync(kFullMask, qsum, 1);
       qsum += __shfl_xor_sync(kFullMask, qsum, 2);
-      own_fac[nt] = q_scale / up * kLog2e;
-      own_sum[nt] = qsum;
+      // S^T comes in kLoUnit units: so do the min term's sum(q).
+      own_fac[nt] = q_scale / up * kLog2e / kLoUnit;
+      own_sum[nt] = qsum * kLoUnit;
     }
 
     // ---- The rows of this lane's accumulators: 8 nt + 2 tig + e. Logits
@@ -760,7 +773,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         for (int hh = 0; hh < 2; ++hh) {
           const int tt = s0 + k_lane + StepToken<T>(j, 8 * hh);
           float ks = 1.0f, km = 0.0f;
-          vs[j][hh] = vfac;
+          vs[j][hh] = vfac_hh[hh];
           vm[j][hh] = 0.0f;
           const bool in = kFast || tt < st.n_valid;
           if constexpr (kRing) {
@@ -780,10 +793,10 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
             ks = k.scale, km = k.min, vs[j][hh] = v.scale, vm[j][hh] = v.min;
           } else if constexpr (kRec == 4) {
             const float4 r = *reinterpret_cast<const float4 *>(rec + 4 * tt);
-            ks = r.x, km = r.y, vs[j][hh] = r.z * vfac, vm[j][hh] = r.w;
+            ks = r.x, km = r.y, vs[j][hh] = r.z * vfac_hh[hh], vm[j][hh] = r.w;
           } else if constexpr (kRec == 2) {
             const float2 r = *reinterpret_cast<const float2 *>(rec + 2 * tt);
-            ks = r.x, vs[j][hh] = r.y * vfac;
+            ks = r.x, vs[j][hh] = r.y * vfac_hh[hh];
           }
           const int t = st.start + tt;
 #pragma unroll
@@ -880,7 +893,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 #pragma unroll
         for (int j = 0; j < F::kTiles; ++j) {
           vs[j][0] *= wfac;
-          vs[j][1] *= wfac;
+          vs[j][1] *= wfac * kHiRatio;
         }
       }
 

@@ -100,6 +100,23 @@ __device__ __forceinline__ void Int4x8ToHalf2x4(uint32_t w, __half2 (&e)[4]) {
   e[3] = __hfma2(AsHalf2(AndOr(w8, kHi, kMagic)), kSixteenth, kMinus64);
 }
 
+// The same pairs as FP16 *subnormals*, for the tensor-core operands: a
+// half whose exponent field is 0 has the value (its 10-bit mantissa) *
+// 2^-24, so the masked bits are the value itself. Mask 0x000F000F yields
+// (n0, n4) * 2^-24, mask 0x00F000F0 yields (n1, n5) * 2^-20; no bias to
+// remove and no scaling: five instructions for eight codes instead of nine.
+// The consumer folds the units into its other operand and its FP32 result
+// (CodePairUnit). Exact: the mma multiplies FP16 subnormals exactly and
+// its FP32 accumulator holds the products (>= 2^-48) as normal numbers.
+__device__ __forceinline__ void Int4x8ToSubnormalHalf2x4(uint32_t w, __half2 (&e)[4]) {
+  constexpr uint32_t kLo = 0x000F000Fu, kHi = 0x00F000F0u;
+  const uint32_t w8 = w >> 8;
+  e[0] = AsHalf2(w & kLo);
+  e[1] = AsHalf2(w & kHi);
+  e[2] = AsHalf2(w8 & kLo);
+  e[3] = AsHalf2(w8 & kHi);
+}
+
 __device__ __forceinline__ void Int4x8ToFloat(uint32_t w, float* f) {
   __half2 e[4];
   Int4x8ToHalf2x4(w, e);
@@ -202,14 +219,26 @@ __device__ __forceinline__ void DequantCodes8(const uint4& v, int step, float (&
 // codes in all, without any shuffling of bits beyond the conversions above:
 // the elements it picks are PairElement<T>(step, slot) for slots 0, 1 (lo)
 // and 2, 3 (hi). The decode lays its channels (K) and tokens (V) out in that
-// order, so every conversion is as cheap as the format allows.
+// order, so every conversion is as cheap as the format allows. INT4 codes
+// come as FP16 subnormals (Int4x8ToSubnormalHalf2x4): code n is n *
+// CodePairUnit<T>(false) in `lo` and n * CodePairUnit<T>(true) in `hi`.
 template <DType T>
 KVP_HOST_DEVICE constexpr int PairElement(int step, int slot) {
   if constexpr (T == DType::kINT4) {
-    // Int4x8ToHalf2x4's pairs (n0, n4), (n1, n5) | (n2, n6), (n3, n7).
+    // Int4x8ToSubnormalHalf2x4's pairs (n0, n4), (n1, n5) | (n2, n6), (n3, n7).
     return 8 * (step >> 1) + 2 * (step & 1) + (slot >> 1) + 4 * (slot & 1);
   } else {
     return 4 * step + slot;
+  }
+}
+
+// The value code 1 has in CodePairs' lo (hi = false) and hi registers.
+template <DType T>
+KVP_HOST_DEVICE constexpr float CodePairUnit(bool hi) {
+  if constexpr (T == DType::kINT4) {
+    return hi ? 1.0f / (1 << 20) : 1.0f / (1 << 24);
+  } else {
+    return 1.0f;
   }
 }
 
@@ -227,7 +256,7 @@ __device__ __forceinline__ void CodePairs(const uint32_t* w, int step, uint32_t&
     } else {
       static_assert(T == DType::kINT4, "not a cache dtype");
       __half2 e[4];
-      dequant_detail::Int4x8ToHalf2x4(w[step >> 1], e);
+      dequant_detail::Int4x8ToSubnormalHalf2x4(w[step >> 1], e);
       a = e[2 * (step & 1)];
       b = e[2 * (step & 1) + 1];
     }
