@@ -137,6 +137,19 @@ size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partiti
   return sizeof(float) * static_cast<size_t>(words);
 }
 
+// The reduce kernel with kRows query heads a block, one warp each.
+template <int kRows>
+int LaunchReduce(const DecodeParams& params, const DecodeShape& shape,
+                 const DecodeWorkspace& workspace, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((params.num_q_heads + kRows - 1) / kRows),
+                  static_cast<unsigned>(params.query_len), static_cast<unsigned>(params.num_seqs));
+  // As a programmatic dependent of the partition kernel (DecodeShape::
+  // dependent_launch). Never without one: the reduce reads the lengths
+  // before its wait, safe only behind a kernel that passed its own wait.
+  return LaunchKernel(&decode::ReduceKernel<kRows>, grid, dim3(32 * kRows), 0, s,
+                      shape.dependent_launch && shape.max_partitions > 0, params, shape, workspace);
+}
+
 int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
                  const DecodeWorkspace& workspace, void* stream) {
   const CacheGeometry& g = params.geo;
@@ -159,14 +172,10 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
         launch(params, shape, workspace, DecodeSharedBytes(g, rows, shape.partition_size, tc), s);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid(static_cast<unsigned>(params.num_q_heads),
-                  static_cast<unsigned>(params.query_len), static_cast<unsigned>(params.num_seqs));
-  // As a programmatic dependent of the partition kernel (DecodeShape::
-  // dependent_launch). Never without one: the reduce reads the lengths
-  // before its wait, safe only behind a kernel that passed its own wait.
-  return LaunchKernel(&decode::ReduceKernel<decode::kReduceThreads>, grid,
-                      dim3(decode::kReduceThreads), 0, s,
-                      shape.dependent_launch && shape.max_partitions > 0, params, shape, workspace);
+  const int64_t rows = int64_t{params.num_seqs} * params.query_len * params.num_q_heads;
+  return rows >= decode::kReduceManyRows
+             ? LaunchReduce<decode::kReduceRowsMany>(params, shape, workspace, s)
+             : LaunchReduce<1>(params, shape, workspace, s);
 }
 
 }  // namespace kernels

@@ -129,7 +129,7 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
 #endif
 }
 
-// Four consecutive floats of shared memory (16-byte aligned) in one load.
+// Four consecutive floats (16-byte aligned) in one load.
 __device__ __forceinline__ float4 LoadFloat4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
 }
