@@ -173,9 +173,8 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
     if (err != cudaSuccess) return err;
   }
   const int64_t rows = int64_t{params.num_seqs} * params.query_len * params.num_q_heads;
-  return rows >= decode::kReduceManyRows
-             ? LaunchReduce<decode::kReduceRowsMany>(params, shape, workspace, s)
-             : LaunchReduce<1>(params, shape, workspace, s);
+  return rows >= kReduceManyRows ? LaunchReduce<kReduceRowsMany>(params, shape, workspace, s)
+                                 : LaunchReduce<1>(params, shape, workspace, s);
 }
 
 }  // namespace kernels

@@ -65,6 +65,15 @@ int LaunchCopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pai
                      int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
                      void* stream);
 
+// Query heads a reduce block merges, a warp each: 1, or kReduceRowsMany
+// once a decode has kReduceManyRows rows (sequences x query tokens x
+// query heads). Measured (H100, docs/PERF_NOTES.md session 16): one a
+// block was as fast as a block per row or faster at every batch; four a
+// block another 1-2% faster for INT4 from 2,048 rows on, where most blocks
+// have little to merge, and 4-5% slower for FP8 at 256-512 rows.
+constexpr int kReduceRowsMany = 4;
+constexpr int64_t kReduceManyRows = 2048;
+
 // Decode: the partition kernel then the reduce kernel, both shaped by
 // `shape` alone. Sequences/partitions past a sequence's length exit at once.
 int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,

@@ -81,14 +81,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kRowTile = 8;  // query rows per pass over the partition
 constexpr int kLaneTokens = 2;                 // K phase: tokens per lane
 constexpr int kSpanTokens = 32 * kLaneTokens;  // K phase: tokens per warp pass
-// Query heads a reduce block merges, a warp each: 1, or kReduceRowsMany
-// once a decode has kReduceManyRows rows (sequences x query tokens x
-// heads). Measured (H100, docs/PERF_NOTES.md session 16): one a block was
-// as fast as the old one-block-per-row kernel or faster at every batch;
-// four a block was another 1-2% faster for INT4 from 2,048 rows on, where
-// most blocks have little to merge, and 4-5% slower for FP8 at 256-512.
-constexpr int kReduceRowsMany = 4;
-constexpr int64_t kReduceManyRows = 2048;
 
 // The instantiated head sizes (one place; the K dtypes are the
 // decode_<dtype>.cu translation units, dispatched in decode_dispatch.cu).
