@@ -1,8 +1,7 @@
 // Warp reductions: butterfly shuffles, so that every lane ends with the
 // result, which the decode needs for its per-row softmax and the reduce
 // kernel for its row's maximum and weight sum (CUB's WarpReduce leaves it
-// in lane 0 only). The reduce kernel used CUB's BlockReduce while it merged
-// a row with a whole block (until session 16).
+// in lane 0 only).
 #ifndef KVPAGE_KERNELS_COMMON_REDUCE_CUH_
 #define KVPAGE_KERNELS_COMMON_REDUCE_CUH_
 

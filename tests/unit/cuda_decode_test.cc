@@ -409,19 +409,18 @@ void RunCase(const Case &c) {
   // The same logit error d moves an output by at most 2 d max|v| (softmax
   // weights shift between tokens): the largest |v| of each sequence and KV
   // head, for that part of the output bound.
+  // (Sequence s's tokens are key/value rows first_token[s] .. + lens[s].)
+  std::vector<int64_t> first_token(static_cast<size_t>(num_seqs) + 1, 0);
+  for (int s = 0; s < num_seqs; ++s) first_token[s + 1] = first_token[s] + c.lens[s];
   std::vector<double> v_abs_max(static_cast<size_t>(num_seqs) * hkv, 0.0);
-  {
-    int64_t t0 = 0;
-    for (int s = 0; s < num_seqs; ++s) {
-      for (int64_t t = t0; t < t0 + c.lens[s]; ++t) {
-        for (int h = 0; h < hkv; ++h) {
-          for (int d = 0; d < D; ++d) {
-            double &m = v_abs_max[static_cast<size_t>(s) * hkv + h];
-            m = std::max(m, std::fabs(static_cast<double>(value[(t * hkv + h) * D + d])));
-          }
+  for (int s = 0; s < num_seqs; ++s) {
+    for (int64_t t = first_token[s]; t < first_token[s + 1]; ++t) {
+      for (int h = 0; h < hkv; ++h) {
+        for (int d = 0; d < D; ++d) {
+          double& m = v_abs_max[static_cast<size_t>(s) * hkv + h];
+          m = std::max(m, std::fabs(static_cast<double>(value[(t * hkv + h) * D + d])));
         }
       }
-      t0 += c.lens[s];
     }
   }
   // How far rounding q * lambda to FP16 moves a logit: sm_scale * sum_i
@@ -435,10 +434,8 @@ void RunCase(const Case &c) {
   // draw: lse 0.29, off by 0.0057).
   auto logit_sigma = [&](int s, int i, int h) {
     double worst = 0;
-    int64_t t0 = 0;
-    for (int s2 = 0; s2 < s; ++s2) t0 += c.lens[s2];
     const int64_t qrow = (int64_t{s} * qlen + i) * q_stride + int64_t{h} * D;
-    for (int64_t t = t0; t < t0 + c.lens[s]; ++t) {
+    for (int64_t t = first_token[s]; t < first_token[s + 1]; ++t) {
       double sq = 0;
       for (int d = 0; d < D; ++d) {
         const double a = LoadAsFloat(c.q_dtype, q.data(), qrow + d) *
