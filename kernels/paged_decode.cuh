@@ -632,6 +632,57 @@ __device__ __forceinline__ void StoreRowStats(const DecodeParams& p, const Decod
 constexpr int kMinBlocksPerSm = 4;
 constexpr int kMinBlocksPerSmOneRow = 6;
 
+// Asks L2 for what a partition's prologue reads that does not depend on
+// its sequence's length: the q rows of its KV head and its slice of the
+// block table (the whole slice a partition may use, inside the table's
+// width). Otherwise each is another round trip after the length's, and
+// while the grid streams a round trip takes the loaded latency, 2-3 us on
+// an H100 (docs/PERF_NOTES.md, session 17). Lines, not bulk copies: q rows
+// and table slices may start anywhere. A partition past its sequence's end
+// fetches a few lines it does not use: the table row's (in the table) and
+// q's (used by the sequence's first partition).
+__device__ __forceinline__ void PrefetchPrologueInputs(const DecodeParams& p,
+                                                       const DecodeShape& shape, int seq, int kvh,
+                                                       int part) {
+  constexpr int kLine = 128;
+  const CacheGeometry& g = p.geo;
+  const int group = p.num_q_heads / g.num_kv_heads;
+  const int q_bytes = DTypeBits(p.q_dtype) / 8;
+  const char* q0 =
+      static_cast<const char*>(p.q) +
+      (int64_t{seq} * p.query_len * p.q_stride + int64_t{kvh} * group * g.head_size) * q_bytes;
+  const int64_t q_token_bytes = p.q_stride * q_bytes;
+  const int q_row_bytes = group * g.head_size * q_bytes;
+  // A row of n bytes from anywhere touches at most n / kLine + 2 lines.
+  const int q_lines = q_row_bytes / kLine + 2;
+  const int first_block = part * (shape.partition_size / g.block_size);
+  const int table_entries =
+      min(shape.partition_size / g.block_size, p.block_table_width - first_block);
+  const char* t0 = reinterpret_cast<const char*>(p.block_table +
+                                                 int64_t{seq} * p.block_table_stride + first_block);
+  const int t_bytes = 4 * table_entries;
+  const int t_lines = table_entries > 0 ? t_bytes / kLine + 2 : 0;
+  const int n = p.query_len * q_lines + t_lines;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const char* base;
+    int bytes, line;
+    if (i < p.query_len * q_lines) {
+      const int tok = i / q_lines;
+      base = q0 + tok * q_token_bytes;
+      bytes = q_row_bytes;
+      line = i - tok * q_lines;
+    } else {
+      base = t0;
+      bytes = t_bytes;
+      line = i - p.query_len * q_lines;
+    }
+    // The line's first byte inside [base, base + bytes), if any.
+    const int64_t skew = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base) % kLine);
+    const int64_t at = max(int64_t{0}, int64_t{line} * kLine - skew);
+    if (at < bytes) PrefetchL2Line(base + at);
+  }
+}
+
 // Fills the partition's coordinates from blockIdx; false when the
 // partition starts past its sequence's end (nothing to do).
 __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodeShape& shape,
@@ -646,6 +697,7 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
   st.part = blockIdx.x;
   st.kvh = blockIdx.y;
   st.seq = blockIdx.z;
+  PrefetchPrologueInputs(p, shape, st.seq, st.kvh, st.part);
   st.len = SequenceLength(p, st.seq);
   st.P = shape.partition_size;
   st.start = st.part * st.P;

@@ -111,6 +111,12 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// Asks L2 for the 128-byte line holding `p` (any address inside an
+// allocation; no alignment needed, nothing returned, no registers held).
+__device__ __forceinline__ void PrefetchL2Line(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // Asks L2 to fetch kBytes (a multiple of 16) from global memory at `p`
 // (16-byte aligned) and returns at once: no registers, no wait, nothing
 // for the caller to track. A later load of those lines then waits for L2
@@ -123,9 +129,7 @@ __device__ __forceinline__ void PrefetchL2(const void* p) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(__cvta_generic_to_global(p)),
                "r"(kBytes));
 #else
-  for (int off = 0; off < kBytes; off += 128) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(p) + off));
-  }
+  for (int off = 0; off < kBytes; off += 128) PrefetchL2Line(static_cast<const char*>(p) + off);
 #endif
 }
 
