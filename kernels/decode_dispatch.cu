@@ -106,9 +106,25 @@ bool UsesRing(const CacheGeometry& geo, bool tensor_cores) {
 }
 }  // namespace
 
+namespace {
+// Whether the host also weighs a third of the context as the partition
+// size: for the tensor-core kernel with 8-bit codes in registers, where
+// thirds measured 1-5% faster from 128 KV-head rows on (and 0.7% slower
+// for GQA 32/8); 16-bit caches measured -0.8% to +2.8%, so keep halves
+// (H100, docs/PERF_NOTES.md, session 17).
+bool WeighsThirds(const CacheGeometry& geo, bool tensor_cores) {
+  return tensor_cores && !UsesRing(geo, tensor_cores) && DTypeBits(geo.k_dtype) == 8;
+}
+}  // namespace
+
 int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores) {
   if (!tensor_cores) return 512;
-  return UsesRing(geo, tensor_cores) ? 8192 : 2048;
+  if (UsesRing(geo, tensor_cores)) return 8192;
+  return WeighsThirds(geo, tensor_cores) ? 4096 : 2048;
+}
+
+int32_t PartitionStepTokens(const CacheGeometry& geo, bool tensor_cores) {
+  return WeighsThirds(geo, tensor_cores) ? decode::kWarps * decode::TcStepTokens(geo.k_dtype) : 0;
 }
 
 bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores) {

@@ -95,6 +95,12 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
 // shared-memory ring (no per-token records staged) longer still.
 int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores);
 
+// The step a third of the context is rounded up to where the host weighs
+// thirds for that kernel (the tensor-core kernel with 8-bit codes: 128
+// tokens, one step of all its warps, so that no warp idles in a partition's
+// last step), or 0: halves only.
+int32_t PartitionStepTokens(const CacheGeometry& geo, bool tensor_cores);
+
 // Whether that kernel writes out and lse itself for a sequence shorter
 // than one partition (DecodeShape::direct_output): the thread-group kernel
 // and the tensor-core kernel with a ring do.

@@ -213,11 +213,12 @@ class CudaBackend final : public Backend {
   }
 
   // Partition size: the largest of MaxPartitionSize..32 (512 for the
-  // thread-group kernel, 2048 for the tensor-core one, 8192 with its ring)
-  // whose shared memory fits the kernel's resident blocks on an SM, or a
-  // half of it, by the wave model of src/decode_partition.h with this
-  // device's SMs and the kernel's wave slots (DecodeWaveBlocksPerSm).
-  // Depends on capacities only.
+  // thread-group kernel, 2048 for the tensor-core one, 4096 with 8-bit codes,
+  // 8192 with its ring) whose shared memory fits the kernel's resident blocks
+  // on an SM, a half of it or (PartitionStepTokens) a third of the context,
+  // by the wave model of src/decode_partition.h with this device's SMs and
+  // the kernel's wave slots (DecodeWaveBlocksPerSm). Depends on capacities
+  // only.
   DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
     DecodeShape s;
     s.max_num_seqs = cap.max_num_seqs;
@@ -256,7 +257,8 @@ class CudaBackend final : public Backend {
                        kernels::DecodeSharedBytes(geo, rows, forced, tc) <= resident_budget)
             ? forced
             : PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads,
-                                   cap.max_context_len, slots);
+                                   cap.max_context_len, slots,
+                                   kernels::PartitionStepTokens(geo, tc));
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
     return s;

@@ -3,6 +3,7 @@
 // waves": an H200, 132 SMs) and on its invariants.
 #include "src/decode_partition.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 
@@ -37,7 +38,32 @@ TEST(DecodePartition, SeedShapeChoicesMeasuredOnTheH200) {
   EXPECT_EQ(PartitionSizeByWaves(2048, 64 * 2, 8192, kSms * 3), 1024);
 }
 
-// Whatever the inputs: a power-of-two fraction of `largest`, never under
+// With thirds (the tensor-core kernels on an H100, docs/PERF_NOTES.md
+// session 17: 4096 tokens at most, 64-token steps for BF16, 128 for FP8):
+// 8192 / 3 rounded up to the step from 128 sequences on, where halves
+// leave a partial wave; halves where a wave fills without them.
+TEST(DecodePartition, ThirdsWhereTheyFillWaves) {
+  struct Case {
+    int64_t rows;
+    int32_t step;
+    int32_t want;
+  };
+  const Case cases[] = {
+      {32, 64, 1024},  {64, 64, 2048},   {128, 64, 2752},  {256, 64, 2752},
+      {512, 64, 2752}, {128, 128, 2816}, {512, 128, 2816}, {32, 128, 1024},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrFormat("%d rows, step %d", c.rows, c.step));
+    EXPECT_EQ(PartitionSizeByWaves(4096, c.rows, 8192, kSms * 3, c.step), c.want);
+  }
+  // No step (the thread-group kernel): halves only, as before.
+  EXPECT_EQ(PartitionSizeByWaves(4096, 128, 8192, kSms * 3), 1024);
+  // A third at or above `largest` is not a candidate.
+  EXPECT_EQ(PartitionSizeByWaves(2048, 128, 8192, kSms * 3, 64), 1024);
+}
+
+// Whatever the inputs: a power-of-two fraction of `largest` or the third
+// of the context rounded up to the step (and under `largest`), never under
 // 64 unless `largest` is.
 TEST(DecodePartition, Invariants) {
   std::mt19937 rng(std::random_device{}());
@@ -46,12 +72,15 @@ TEST(DecodePartition, Invariants) {
     const int64_t rows = 1 + rng() % 4096;
     const int32_t context = 1 + static_cast<int32_t>(rng() % 131072);
     const int64_t slots = static_cast<int64_t>(rng() % 2000);  // 0 counts as 1
-    SCOPED_TRACE(
-        absl::StrFormat("largest %d rows %d context %d slots %d", largest, rows, context, slots));
-    const int32_t p = PartitionSizeByWaves(largest, rows, context, slots);
+    const int32_t step = (rng() % 2) * (int32_t{32} << (rng() % 4));  // 0 or 32 .. 256
+    SCOPED_TRACE(absl::StrFormat("largest %d rows %d context %d slots %d step %d", largest, rows,
+                                 context, slots, step));
+    const int32_t p = PartitionSizeByWaves(largest, rows, context, slots, step);
     ASSERT_LE(p, largest);
-    ASSERT_EQ(largest % p, 0);
-    ASSERT_EQ(p & (p - 1), 0);
+    const bool halved = largest % p == 0 && (p & (p - 1)) == 0;
+    const int64_t third = std::max<int64_t>(
+        64, ((context + 2) / 3 + step - 1) / std::max(step, 1) * std::max(step, 1));
+    ASSERT_TRUE(halved || (step > 0 && p == third)) << p;
     if (largest >= 64) {
       ASSERT_GE(p, 64);
     } else {
