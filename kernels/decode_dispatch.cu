@@ -104,9 +104,7 @@ namespace {
 bool UsesRing(const CacheGeometry& geo, bool tensor_cores) {
   return tensor_cores && decode::TcRingStages(geo.k_dtype, geo.head_size) > 0;
 }
-}  // namespace
 
-namespace {
 // Whether the host also weighs a third of the context as the partition
 // size: for the tensor-core kernel with 8-bit codes in registers, where
 // thirds measured 1-5% faster from 128 KV-head rows on (and 0.7% slower
