@@ -122,7 +122,7 @@ int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores) {
 }
 
 int32_t PartitionStepTokens(const CacheGeometry& geo, bool tensor_cores) {
-  return WeighsThirds(geo, tensor_cores) ? decode::kWarps * decode::TcStepTokens(geo.k_dtype) : 0;
+  return WeighsThirds(geo, tensor_cores) ? decode::TcStepTokens(geo.k_dtype) : 0;
 }
 
 bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores) {

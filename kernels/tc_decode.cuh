@@ -826,7 +826,11 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       }
 
       // ---- Online softmax: rescale what the warp has so far, only when
-      // some row's maximum grew (rare after the first steps).
+      // some row's maximum grew (rare after the first steps). A vote on the
+      // lanes' own maxima ahead of these shuffles, as for the V scales
+      // below, measured slower for short partitions: on random logits some
+      // row of eight grows at most of their steps, which then pay for the
+      // vote too (docs/PERF_NOTES.md, session 18).
       bool grew = false;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -862,14 +866,22 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       if constexpr (kRing) {
         // The step's largest V scale (warp-wide); a larger exponent than
         // seen lowers this warp's factor: O rescaled by a power of two.
+        // The warp-wide scale has a larger exponent exactly when some
+        // lane's own largest scale has, which after the first steps none
+        // has: a vote decides, and the shuffles that reduce the scales (a
+        // chain of three on the step's path) run only then. Same results.
         float vmax = 0.0f;
 #pragma unroll
         for (int j = 0; j < F::kTiles; ++j) vmax = fmaxf(vmax, fmaxf(vs[j][0], vs[j][1]));
-        vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
-        vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
-        vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
+        int e = 0;
+        if (vmax > 0.0f && isfinite(vmax)) frexpf(vmax, &e);  // vmax in [2^(e-1), 2^e)
+        const bool larger = vmax > 0.0f && isfinite(vmax) && static_cast<float>(e) > wmax_e;
+        if (__any_sync(kFullMask, larger)) {
+          vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
+          vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
+          vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
+        }
         if (vmax > 0.0f && isfinite(vmax)) {
-          int e = 0;
           frexpf(vmax, &e);  // vmax in [2^(e-1), 2^e)
           if (static_cast<float>(e) > wmax_e) {
             const int nexp = min(max(14 - e, -100), 100);

@@ -17,7 +17,7 @@ constexpr double kPartitionOverheadTokens = 256;
 
 // Of `largest`, its halves down to 64 and, where `step` > 0, the size that
 // cuts max_context_len into three partitions (rounded up to a multiple of
-// `step`, the partition kernel's tokens per block step), the partition
+// `step`, the kernel's rounding: PartitionStepTokens), the partition
 // size whose grid of grid_rows x ceil(max_context_len / p) blocks runs
 // fastest when blocks run in waves of `slots` (SMs x the kernel's wave
 // blocks, kernels/launch.h), each wave as long as a partition plus the

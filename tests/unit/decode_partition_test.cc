@@ -39,8 +39,8 @@ TEST(DecodePartition, SeedShapeChoicesMeasuredOnTheH200) {
 }
 
 // With thirds (the host passes a step for the tensor-core kernel with
-// 8-bit codes: 128 tokens, 4096 at most; docs/PERF_NOTES.md session 17;
-// 64 checks the rounding): 8192 / 3 rounded up to the step from 128 rows
+// 8-bit codes: 32 tokens, 4096 at most; docs/PERF_NOTES.md sessions 17-18;
+// 64 and 128 check the rounding): 8192 / 3 rounded up to the step from 128 rows
 // on, where halves leave a partial wave; halves where a wave fills without
 // them.
 TEST(DecodePartition, ThirdsWhereTheyFillWaves) {
@@ -52,6 +52,7 @@ TEST(DecodePartition, ThirdsWhereTheyFillWaves) {
   const Case cases[] = {
       {32, 64, 1024},  {64, 64, 2048},   {128, 64, 2752},  {256, 64, 2752},
       {512, 64, 2752}, {128, 128, 2816}, {512, 128, 2816}, {32, 128, 1024},
+      {128, 32, 2752}, {512, 32, 2752},  {32, 32, 1024},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrFormat("%d rows, step %d", c.rows, c.step));
