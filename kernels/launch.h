@@ -100,8 +100,8 @@ int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores);
 // tokens, one warp's step), or 0: halves only. Rounding to a step of all
 // four warps (128) instead leaves no warp idle in a partition's last step
 // but makes the thirds less even (8192 tokens: 2816 + 2816 + 2560 against
-// 2752 + 2752 + 2688), which measured 0.2-0.3% slower for FP8 and INT8 at
-// 512 sequences (docs/PERF_NOTES.md, session 18).
+// 2752 + 2752 + 2688), which measured 0.1-0.4% slower for FP8 and INT8 at
+// 128-512 sequences (docs/PERF_NOTES.md, session 18).
 int32_t PartitionStepTokens(const CacheGeometry& geo, bool tensor_cores);
 
 // Whether that kernel writes out and lse itself for a sequence shorter
