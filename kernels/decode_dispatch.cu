@@ -173,9 +173,12 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
   const decode::LaunchFn launch =
       tc ? decode::SelectPartitionLauncher<true>(g.k_dtype, g.head_size)
          : decode::SelectPartitionLauncher<false>(g.k_dtype, g.head_size);
+  // direct_output promises what only some kernels do (the reduce skips
+  // rows, or is not launched, on its word).
   if (launch == nullptr || params.num_q_heads % g.num_kv_heads != 0 ||
-      params.query_len < 1 || params.query_len > shape.max_query_len ||
-      shape.partition_size <= 0 || shape.partition_size % 32 != 0) {
+      (shape.direct_output && !PartitionKernelWritesOutput(g, tc)) || params.query_len < 1 ||
+      params.query_len > shape.max_query_len || shape.partition_size <= 0 ||
+      shape.partition_size % 32 != 0) {
     return cudaErrorInvalidValue;
   }
   if (params.num_seqs <= 0) return cudaSuccess;  // an empty batch: nothing to launch
@@ -184,7 +187,7 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
     const int32_t rows = group * params.query_len;
     const int err =
         launch(params, shape, workspace, DecodeSharedBytes(g, rows, shape.partition_size, tc), s);
-    if (err != cudaSuccess) return err;
+    if (err != cudaSuccess || decode::PartitionKernelOwnsOutput(shape)) return err;
   }
   const int64_t rows = int64_t{params.num_seqs} * params.query_len * params.num_q_heads;
   return rows >= kReduceManyRows ? LaunchReduce<kReduceRowsMany>(params, shape, workspace, s)

@@ -577,6 +577,16 @@ __device__ __forceinline__ bool PartitionWritesOutput(const DecodeShape& shape,
                                                       const PartitionState& st) {
   return st.part == 0 && PartitionWritesOutput(shape, st.n_valid);
 }
+// Whether the partition kernel writes every row's out and lse, so that the
+// reduce kernel is not launched at all: one partition a sequence in a
+// kernel with direct output. Every sequence of some tokens is then written
+// by PartitionWritesOutput, and a sequence of none by its partition-0
+// block (zeros, lse -inf; BeginPartition). Saves the reduce grid's launch
+// and drain where partitions are as long as the context (the INT4 ring
+// kernel's 8192-token partitions, the thread-group kernel's short contexts).
+KVP_HOST_DEVICE inline bool PartitionKernelOwnsOutput(const DecodeShape& shape) {
+  return shape.direct_output && shape.max_partitions == 1;
+}
 
 // Where a partition block stores a query row's results: its partials, or
 // with `direct` (PartitionWritesOutput) the row's output and lse.
@@ -683,10 +693,29 @@ __device__ __forceinline__ void PrefetchPrologueInputs(const DecodeParams& p,
   }
 }
 
+// Every row of the partition as "nothing visible": partials of max -inf
+// and sum 0, or with `direct` zeros in out and -inf in lse. All threads.
+__device__ __forceinline__ void StoreNothingVisible(const DecodeParams& p, const DecodeShape& shape,
+                                                    const DecodeWorkspace& ws,
+                                                    const PartitionState& st, bool direct) {
+  const int D = p.geo.head_size;
+  for (int idx = threadIdx.x; idx < st.rows * D; idx += blockDim.x) {
+    const int r = idx / D;
+    const int d = idx - r * D;
+    StoreRowOut(p, ws, direct, RowOutIndex(p, shape, st, direct, r) + d, 0.0f);
+    if (d == 0) StoreRowStats(p, shape, ws, st, direct, r, -INFINITY, 0.0f);
+  }
+}
+
 // Fills the partition's coordinates from blockIdx; false when the
-// partition starts past its sequence's end (nothing to do).
+// partition starts past its sequence's end (nothing to do, but for an
+// empty sequence's partition-0 block when the reduce kernel is not
+// launched: PartitionKernelOwnsOutput, in a kernel that can write its
+// output, `kernel_writes_output`, a constant: elsewhere that code is not
+// compiled into the prologue).
 __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodeShape& shape,
-                                               PartitionState& st) {
+                                               const DecodeWorkspace& ws, PartitionState& st,
+                                               bool kernel_writes_output) {
   // As a programmatic dependent (DecodeShape::dependent_launch), the
   // stream's previous kernel may still be writing q, the tables or the cache.
   WaitForPrerequisiteGrid();
@@ -701,11 +730,16 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
   st.len = SequenceLength(p, st.seq);
   st.P = shape.partition_size;
   st.start = st.part * st.P;
-  if (st.start >= st.len) return false;
-  st.n_valid = min(st.P, st.len - st.start);
-  st.nblk = (st.n_valid + g.block_size - 1) / g.block_size;
   st.group = p.num_q_heads / g.num_kv_heads;
   st.rows = st.group * p.query_len;
+  if (st.start >= st.len) {
+    if (kernel_writes_output && st.part == 0 && PartitionKernelOwnsOutput(shape)) {
+      StoreNothingVisible(p, shape, ws, st, true);
+    }
+    return false;
+  }
+  st.n_valid = min(st.P, st.len - st.start);
+  st.nblk = (st.n_valid + g.block_size - 1) / g.block_size;
   return true;
 }
 
@@ -720,7 +754,6 @@ __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const Decod
                                               int* blk_s, bool kernel_writes_output) {
   __shared__ int bad_block;
   const CacheGeometry& g = p.geo;
-  const int D = g.head_size;
   const int tid = threadIdx.x;
   const int32_t* table =
       p.block_table + int64_t{st.seq} * p.block_table_stride + st.start / g.block_size;
@@ -737,13 +770,7 @@ __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const Decod
   }
   __syncthreads();
   if (!bad_block) return true;
-  const bool direct = kernel_writes_output && PartitionWritesOutput(shape, st);
-  for (int idx = tid; idx < st.rows * D; idx += blockDim.x) {
-    const int r = idx / D;
-    const int d = idx - r * D;
-    StoreRowOut(p, ws, direct, RowOutIndex(p, shape, st, direct, r) + d, 0.0f);
-    if (d == 0) StoreRowStats(p, shape, ws, st, direct, r, -INFINITY, 0.0f);
-  }
+  StoreNothingVisible(p, shape, ws, st, kernel_writes_output && PartitionWritesOutput(shape, st));
   return false;
 }
 
@@ -782,7 +809,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
                     const __grid_constant__ DecodeWorkspace ws) {
   const CacheGeometry& g = p.geo;
   PartitionState st;
-  if (!BeginPartition(p, shape, st)) return;  // past this sequence's end
+  if (!BeginPartition(p, shape, ws, st, true)) return;  // past this sequence's end
   const int bs = g.block_size;
   st.lay = MakeSmemLayout(g, st.rows, st.P);
   float* smem = SharedWords();

@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 
   const CacheGeometry &g = p.geo;
   PartitionState st;
-  if (!BeginPartition(p, shape, st)) return;  // past this sequence's end
+  if (!BeginPartition(p, shape, ws, st, kRing)) return;  // past this sequence's end
   const TcSmemLayout lay = MakeTcSmemLayout(g, st.P, kPassRows);
   float *smem = SharedWords();
   const int tid = threadIdx.x;

@@ -94,7 +94,9 @@ struct DecodeShape {
   DecodePath path = DecodePath::kAuto;
   // The partition kernel writes out and lse itself for a sequence shorter
   // than one partition, which the reduce kernel then skips (where the
-  // kernel has the registers for it: kernels/launch.h).
+  // kernel has the registers for it: kernels/launch.h). With one partition
+  // a sequence (max_partitions == 1) it writes every row, empty sequences'
+  // too, and the reduce kernel is not launched.
   bool direct_output = false;
   // Programmatic dependent launches (sm_90+): the partition kernel of the
   // stream's previous kernel, the reduce kernel of the partition kernel.

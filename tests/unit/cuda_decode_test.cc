@@ -41,6 +41,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -829,6 +830,24 @@ TEST(CudaDecode, EmptyAndInvisible) {
   c.lens = {40, 300};
   c.window = 1;  // one token each
   RunCase(c);
+  // One partition a sequence in a kernel that writes its own output (the
+  // INT4 ring kernel, the thread-group kernel): no reduce kernel runs, so
+  // the partition kernel writes the empty sequences' rows (zeros, lse
+  // -inf) itself; outputs are poisoned before the decode.
+  const std::pair<DType, DecodePath> owners[] = {{DType::kINT4, DecodePath::kTensorCore},
+                                                 {DType::kINT8, DecodePath::kThreadGroup}};
+  for (const auto& [t, path] : owners) {
+    Case e;
+    e.seed = rng();
+    e.k = e.v = t;
+    e.group = 8;
+    e.num_kv_heads = 2;
+    e.query_len = 2;
+    e.path = path;
+    e.lens = {0, 37, 0, 1, 300, 0};
+    e.partition_size = 512;  // >= the 300-token capacity: one partition
+    RunCase(e);              // a failure prints the case
+  }
 }
 
 // ---- A long context -------------------------------------------------------
