@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <string>
+
+#include "gtest/gtest.h"
 
 namespace kvpage {
 
@@ -17,5 +20,12 @@ inline uint32_t FreshTestSeed() {
 }
 
 }  // namespace kvpage
+
+// In a test body: `seed` from FreshTestSeed(), named in every failure of
+// the test as "seed=N", and a std::mt19937 `rng` seeded with it.
+#define KVPAGE_SEEDED_RNG(rng)                     \
+  const uint32_t seed = ::kvpage::FreshTestSeed(); \
+  SCOPED_TRACE("seed=" + std::to_string(seed));    \
+  std::mt19937 rng(seed)
 
 #endif  // KVPAGE_TESTS_COMMON_FRESH_SEED_H_

@@ -110,9 +110,7 @@ void ExpectSameState(const State& before, const State& after) {
 // Unit tests.
 
 TEST(BlockManagerTest, AppendSlotsAcrossBlockBoundaries) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (int32_t bs : {8, 16, 32}) {
     SCOPED_TRACE(absl::StrCat("block_size = ", bs));
     const int32_t num_blocks = 64;
@@ -159,9 +157,7 @@ TEST(BlockManagerTest, AppendSlotsAcrossBlockBoundaries) {
 }
 
 TEST(BlockManagerTest, SingleSequenceSlotsAreConsecutive) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int32_t bs = 16;
   BlockManager bm(32, bs);
   const int64_t s = MustCreate(bm);
@@ -181,9 +177,7 @@ TEST(BlockManagerTest, SingleSequenceSlotsAreConsecutive) {
 }
 
 TEST(BlockManagerTest, ForkSharesBlocks) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int32_t bs = 8 << Uniform(rng, 0, 2);
   BlockManager bm(64, bs);
   const int64_t parent = MustCreate(bm);
@@ -222,9 +216,7 @@ std::pair<int64_t, int64_t> ForkedPair(BlockManager& bm, int32_t len) {
 }
 
 TEST(BlockManagerTest, CopyOnWriteOnSharedPartialBlock) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (int32_t bs : {8, 16, 32}) {
     for (bool parent_appends : {true, false}) {
       SCOPED_TRACE(absl::StrCat("block_size = ", bs,
@@ -285,9 +277,7 @@ TEST(BlockManagerTest, CopyOnWriteOnSharedPartialBlock) {
 }
 
 TEST(BlockManagerTest, NoCopyWhenLastBlockFullOrUnshared) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int32_t bs = 8 << Uniform(rng, 0, 2);
   BlockManager bm(64, bs);
 
@@ -351,9 +341,7 @@ TEST(BlockManagerTest, NoCopyWhenLastBlockFullOrUnshared) {
 }
 
 TEST(BlockManagerTest, TruncateReleasesBlocksAndAppendReallocates) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (int32_t bs : {8, 16, 32}) {
     SCOPED_TRACE(absl::StrCat("block_size = ", bs));
     const int32_t num_blocks = 48;
@@ -400,9 +388,7 @@ TEST(BlockManagerTest, TruncateReleasesBlocksAndAppendReallocates) {
 }
 
 TEST(BlockManagerTest, TruncateSharedSequence) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int32_t bs = 16;
   BlockManager bm(64, bs);
   auto [parent, child] = ForkedPair(bm, Uniform(rng, 2 * bs, 30 * bs));
@@ -427,9 +413,7 @@ TEST(BlockManagerTest, TruncateSharedSequence) {
 }
 
 TEST(BlockManagerTest, FreeAndUnknownIds) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int32_t bs = 8;
   const int32_t num_blocks = 32;
   BlockManager bm(num_blocks, bs);
@@ -477,9 +461,7 @@ TEST(BlockManagerTest, FreeAndUnknownIds) {
 }
 
 TEST(BlockManagerTest, NegativeTokenCount) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   BlockManager bm(16, 16);
   const int64_t s = MustCreate(bm);
   MustAppend(bm, s, Uniform(rng, 0, 100));
@@ -494,9 +476,7 @@ TEST(BlockManagerTest, NegativeTokenCount) {
 }
 
 TEST(BlockManagerTest, LengthOverflowIsRejected) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   // Huge blocks, so that more than INT32_MAX tokens would fit in the free
   // blocks and only the length limit can stop the append. (Reaching a length
   // near INT32_MAX for real would return a 16 GiB slot vector.)
@@ -516,9 +496,7 @@ TEST(BlockManagerTest, LengthOverflowIsRejected) {
 }
 
 TEST(BlockManagerTest, OutOfBlocksChangesNothing) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (int32_t bs : {8, 16, 32}) {
     SCOPED_TRACE(absl::StrCat("block_size = ", bs));
     const int32_t num_blocks = Uniform(rng, 8, 40);
@@ -565,9 +543,7 @@ TEST(BlockManagerTest, OutOfBlocksChangesNothing) {
 }
 
 TEST(BlockManagerTest, CopyFailureChangesNothing) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (int32_t bs : {8, 16, 32}) {
     SCOPED_TRACE(absl::StrCat("block_size = ", bs));
     BlockManager bm(64, bs);
@@ -632,9 +608,7 @@ TEST(BlockManagerTest, CopyFailureChangesNothing) {
 }
 
 TEST(BlockManagerTest, ExportBlockTable) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int32_t bs = 8 << Uniform(rng, 0, 2);
   BlockManager bm(128, bs);
   std::vector<int64_t> ids;
@@ -682,9 +656,7 @@ TEST(BlockManagerTest, ExportBlockTable) {
 }
 
 TEST(BlockManagerTest, ExportBlockTableErrorsWriteNothing) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int32_t bs = 16;
   BlockManager bm(128, bs);
   std::vector<int64_t> ids;
@@ -1134,9 +1106,7 @@ class ModelRun {
 };
 
 TEST(BlockManagerModelTest, RandomOperationsMatchModel) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   constexpr int kConfigs = 8;
   constexpr int kSteps = 2500;
   ModelStats stats;
@@ -1171,9 +1141,7 @@ TEST(BlockManagerModelTest, RandomOperationsMatchModel) {
 // reference count, breaks that or the final accounting.
 
 TEST(BlockManagerThreadTest, ConcurrentOperations) {
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrCat("seed = ", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int num_threads = Uniform(rng, 4, 8);
   const int32_t bs = 4 << Uniform(rng, 0, 2);
   const int32_t nb = 256;

@@ -557,9 +557,7 @@ Case RandomCase(std::mt19937 &rng, DType k, DType v, int D, int bs) {
 
 TEST(CudaDecodeSmall, EveryDtypeShort) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const DType vs[] = {DType::kINT4, DType::kFP8E4M3, DType::kBF16, DType::kINT8, DType::kFP16};
   int n = 0;
   for (DType k : kCacheDTypes) {
@@ -588,9 +586,7 @@ TEST(CudaDecodeSmall, EveryDtypeShort) {
 
 TEST(CudaDecodeSmall, ManyRowsAndTails) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   Case c;
   c.seed = rng();
   c.k = DType::kINT4;
@@ -609,9 +605,7 @@ TEST(CudaDecodeSmall, ManyRowsAndTails) {
 // takes 64 tokens per step), every option somewhere.
 TEST(CudaDecodeSmall, TensorCoresEveryDtype) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   int n = 0;
   for (DType t : kCacheDTypes) {
     for (int D : {64, 128, 256}) {
@@ -647,9 +641,7 @@ TEST(CudaDecodeSmall, TensorCoresEveryDtype) {
 // 64/128/256) x block sizes x random options, GQA 1/4/8/16.
 TEST(CudaDecode, TensorCoreMatrix) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (DType t : kCacheDTypes) {
     for (int D : {64, 128, 256}) {
       for (int bs : kBlockSizes) {
@@ -667,9 +659,7 @@ TEST(CudaDecode, TensorCoreMatrix) {
 
 TEST(CudaDecode, DtypeHeadBlockMatrix) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (DType k : kCacheDTypes) {
     for (DType v : kCacheDTypes) {
       for (int D : kHeadSizes) {
@@ -687,9 +677,7 @@ TEST(CudaDecode, DtypeHeadBlockMatrix) {
 
 TEST(CudaDecode, OptionsAndIoDtypes) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const DType pairs[][2] = {{DType::kBF16, DType::kBF16},
                             {DType::kINT8, DType::kINT4},
                             {DType::kFP8E4M3, DType::kFP8E4M3},
@@ -725,9 +713,7 @@ TEST(CudaDecode, OptionsAndIoDtypes) {
 
 TEST(CudaDecode, PartitionBoundaries) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   // Any multiple of 32 is a valid partition size (DecodeShape): powers of
   // two (what the host picks today) and two that are not.
   for (int P : {32, 96, 256, 512, 1376}) {
@@ -756,9 +742,7 @@ TEST(CudaDecode, PartitionBoundaries) {
 
 TEST(CudaDecode, LargeGroups) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const int configs[][2] = {{64, 8}, {64, 1}, {24, 2}, {16, 4}, {7, 3}, {32, 1}};
   for (const auto &gq : configs) {
     Case c;
@@ -787,9 +771,7 @@ TEST(CudaDecode, LargeGroups) {
 // more), besides empty and one-partition sequences.
 TEST(CudaDecode, ManyRowsReduce) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   Case c;
   c.seed = rng();
   c.k = kCacheDTypes[rng() % 5];
@@ -813,9 +795,7 @@ TEST(CudaDecode, ManyRowsReduce) {
 
 TEST(CudaDecode, EmptyAndInvisible) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   Case c;
   c.seed = rng();
   c.k = DType::kINT8;
@@ -846,7 +826,14 @@ TEST(CudaDecode, EmptyAndInvisible) {
     e.path = path;
     e.lens = {0, 37, 0, 1, 300, 0};
     e.partition_size = 512;  // >= the 300-token capacity: one partition
-    RunCase(e);              // a failure prints the case
+    // The case is only worth its name where the kernel writes its output.
+    CacheGeometry geo;
+    geo.head_size = e.head_size;
+    geo.k_dtype = e.k;
+    geo.v_dtype = e.v;
+    ASSERT_TRUE(kernels::PartitionKernelWritesOutput(
+        geo, kernels::DecodeUsesTensorCores(geo, e.group * e.query_len, e.path)));
+    RunCase(e);  // a failure prints the case
   }
 }
 
@@ -854,9 +841,7 @@ TEST(CudaDecode, EmptyAndInvisible) {
 
 TEST(CudaDecode, LongContext) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const DType kv[][2] = {{DType::kBF16, DType::kBF16},
                          {DType::kINT4, DType::kINT4},
                          {DType::kINT8, DType::kFP8E4M3},
@@ -900,9 +885,7 @@ TEST(CudaDecode, LongContext) {
 // longest partition and at short ones.
 TEST(CudaDecode, VScalesAlongTheSequence) {
   KVPAGE_REQUIRE_GPU();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE("seed=" + std::to_string(seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (DType t : {DType::kINT4, DType::kINT8, DType::kFP8E4M3, DType::kBF16}) {
     for (float ramp : {24.0f, -24.0f}) {
       for (int bs : {8, 16, 32}) {

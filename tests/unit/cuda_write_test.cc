@@ -443,9 +443,7 @@ class CudaWriteTest : public testing::TestWithParam<std::tuple<DType, DType>> {}
 TEST_P(CudaWriteTest, MatchesCpuBytes) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
   const auto [k_dtype, v_dtype] = GetParam();
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (int head_size : kHeadSizes) {
     for (int block_size : kBlockSizes) {
       for (DType input : kInputDTypes) {
@@ -481,9 +479,7 @@ INSTANTIATE_TEST_SUITE_P(CudaWrite, CudaWriteTest,
 // width and block size. Two tiles of tokens.
 TEST(CudaWriteSlots, PrefillFromEveryOffsetMatchesCpu) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (DType v_dtype : kCacheDTypes) {
     for (int block_size : kBlockSizes) {
       for (int start = 0; start < block_size; ++start) {
@@ -512,9 +508,7 @@ TEST(CudaWriteSlots, PrefillFromEveryOffsetMatchesCpu) {
 // bytes and the counters' per-warp atomics under real concurrency.
 TEST(CudaWriteLarge, ManyTokensMatchCpu) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (DType v_dtype : {DType::kINT4, DType::kINT4, DType::kINT8, DType::kFP16}) {
     const WriteCase c = MakeWriteCase(DType::kINT4, v_dtype, 128, 16, 8, 64, DType::kBF16, true);
     SCOPED_TRACE(DTypeName(v_dtype));
@@ -552,9 +546,7 @@ TEST(CudaQuantizer, ScaleDivisionIsExact) {
 // host validates them where it can; the kernel must never write there).
 TEST(CudaWriteSlots, OutOfRangeSlotsWriteNothing) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   const WriteCase c = MakeWriteCase(DType::kINT8, DType::kINT4, 128, 16, 2, 4, DType::kFP32, false);
   const int64_t num_slots = int64_t{c.geo.num_blocks} * c.geo.block_size;
   const std::vector<int64_t> bad = {num_slots, -2, num_slots + 7, int64_t{1} << 40,
@@ -657,9 +649,7 @@ TEST(CudaWriteBench, DISABLED_Bandwidth) {
 
 TEST(CudaCopyBlocks, MatchesCpu) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  const uint32_t seed = FreshTestSeed();
-  SCOPED_TRACE(absl::StrFormat("seed=%u", seed));
-  std::mt19937 rng(seed);
+  KVPAGE_SEEDED_RNG(rng);
   for (int iter = 0; iter < 60; ++iter) {
     CacheGeometry g;
     g.num_layers = 1 + static_cast<int>(rng() % 3);
