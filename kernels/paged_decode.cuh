@@ -707,15 +707,37 @@ __device__ __forceinline__ void StoreNothingVisible(const DecodeParams& p, const
   }
 }
 
+// The partition's slice of the block table (every entry a partition may
+// use) -> blk_s by asynchronous copies, one committed group: issued
+// before the sequence's length is known, so the ids arrive alongside it
+// instead of one round trip after it. Entries past the sequence's end are
+// copied too and never used; entries past the table's width become block 0
+// (never read past the table, and a length past it, which only checked
+// mode catches, still reads inside the cache).
+__device__ __forceinline__ void CopyTableSlice(const DecodeParams& p, const DecodeShape& shape,
+                                               int seq, int part, int* blk_s) {
+  const int per_part = shape.partition_size / p.geo.block_size;
+  const int first = part * per_part;
+  const int n = min(per_part, p.block_table_width - first);
+  const int32_t* table = p.block_table + int64_t{seq} * p.block_table_stride + first;
+  for (int b = threadIdx.x; b < per_part; b += blockDim.x) {
+    CpAsync<4>(blk_s + b, b < n ? table + b : p.block_table, b < n);
+  }
+  CpAsyncCommit();
+}
+
 // Fills the partition's coordinates from blockIdx; false when the
 // partition starts past its sequence's end (nothing to do, but for an
 // empty sequence's partition-0 block when the reduce kernel is not
 // launched: PartitionKernelOwnsOutput, in a kernel that can write its
 // output, `kernel_writes_output`, a constant: elsewhere that code is not
-// compiled into the prologue).
+// compiled into the prologue). With `early_blk_s`, the partition's block
+// ids are copied there while the length loads (CopyTableSlice;
+// StageBlockIds then takes them with `copied_early`).
 __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodeShape& shape,
                                                const DecodeWorkspace& ws, PartitionState& st,
-                                               bool kernel_writes_output) {
+                                               bool kernel_writes_output,
+                                               int* early_blk_s = nullptr) {
   // As a programmatic dependent (DecodeShape::dependent_launch), the
   // stream's previous kernel may still be writing q, the tables or the cache.
   WaitForPrerequisiteGrid();
@@ -727,6 +749,7 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
   st.kvh = blockIdx.y;
   st.seq = blockIdx.z;
   PrefetchPrologueInputs(p, shape, st.seq, st.kvh, st.part);
+  if (early_blk_s != nullptr) CopyTableSlice(p, shape, st.seq, st.part, early_blk_s);
   st.len = SequenceLength(p, st.seq);
   st.P = shape.partition_size;
   st.start = st.part * st.P;
@@ -736,6 +759,7 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
     if (kernel_writes_output && st.part == 0 && PartitionKernelOwnsOutput(shape)) {
       StoreNothingVisible(p, shape, ws, st, true);
     }
+    if (early_blk_s != nullptr) CpAsyncWait<0>();  // nothing in flight at exit
     return false;
   }
   st.n_valid = min(st.P, st.len - st.start);
@@ -749,18 +773,23 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
 // every row (or out and lse, PartitionWritesOutput, where the kernel
 // writes them: `kernel_writes_output`, a constant), and false is returned:
 // the caller exits without reading any block. All threads must call.
+// `copied_early`: blk_s already holds the ids (BeginPartition's
+// early_blk_s); only checked mode reads them again, to validate.
 __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const DecodeShape& shape,
                                               const DecodeWorkspace& ws, const PartitionState& st,
-                                              int* blk_s, bool kernel_writes_output) {
+                                              int* blk_s, bool kernel_writes_output,
+                                              bool copied_early = false) {
   __shared__ int bad_block;
   const CacheGeometry& g = p.geo;
   const int tid = threadIdx.x;
   const int32_t* table =
       p.block_table + int64_t{st.seq} * p.block_table_stride + st.start / g.block_size;
   if (tid == 0) bad_block = 0;
+  if (copied_early) CpAsyncWait<0>();  // CopyTableSlice's group
   __syncthreads();
   for (int b = tid; b < st.nblk; b += blockDim.x) {
-    int id = __ldg(table + b);
+    if (copied_early && p.checked == nullptr) break;
+    int id = copied_early ? blk_s[b] : __ldg(table + b);
     if (p.checked != nullptr && (id < 0 || id >= g.num_blocks)) {
       ReportFault(p.checked, DeviceFault::kBlockIdOutOfRange, st.seq, id, g.num_blocks);
       bad_block = 1;

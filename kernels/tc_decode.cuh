@@ -315,7 +315,21 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 
   const CacheGeometry &g = p.geo;
   PartitionState st;
-  if (!BeginPartition(p, shape, ws, st, kRing)) return;  // past this sequence's end
+  // The ring kernel's first partition copies its block ids while the
+  // length loads (CopyTableSlice): INT4 0.2-1.3% faster on every benchmark
+  // shape. Not its other partitions, which ragged batches leave mostly
+  // empty (copies for nothing: +0.2% there), nor the register path (no
+  // gain measured, and moving its layout ahead of BeginPartition cost
+  // FP8/INT8 1-2%: its code stays as it was; docs/PERF_NOTES.md, session
+  // 19).
+  int* early_blk_s = nullptr;
+  if constexpr (kRing) {
+    if (blockIdx.x == 0) {
+      early_blk_s = reinterpret_cast<int*>(
+          SharedWords() + MakeTcSmemLayout(g, shape.partition_size, kPassRows).blk);
+    }
+  }
+  if (!BeginPartition(p, shape, ws, st, kRing, early_blk_s)) return;  // past this sequence's end
   const TcSmemLayout lay = MakeTcSmemLayout(g, st.P, kPassRows);
   float *smem = SharedWords();
   const int tid = threadIdx.x;
@@ -331,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   __shared__ unsigned vmax_bits;
   if (tid == 0) vmax_bits = 0u;  // ordered by StageBlockIds' barriers
   int *blk_s = reinterpret_cast<int *>(smem + lay.blk);
-  if (!StageBlockIds(p, shape, ws, st, blk_s, kRing)) return;
+  if (!StageBlockIds(p, shape, ws, st, blk_s, kRing, early_blk_s != nullptr)) return;
   const uint8_t *k_head = p.layer + g.k_data_offset() + int64_t{st.kvh} * g.k_head_stride();
   const uint8_t *v_head = p.layer + g.v_data_offset() + int64_t{st.kvh} * g.v_head_stride();
   const int64_t k_block_stride = g.k_block_stride();

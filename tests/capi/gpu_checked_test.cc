@@ -63,9 +63,12 @@ std::vector<T> ToHost(const T* dev, size_t n) {
   return h;
 }
 
-// A checked INT8 CUDA cache with three sequences written (random K/V),
-// each in its own shuffled blocks, and a decoder over them.
-class GpuChecked : public ::testing::Test {
+// A checked CUDA cache of the parameter's KV dtype with three sequences
+// written (random K/V), each in its own shuffled blocks, and a decoder over
+// them. INT8 and INT4 run the tensor-core kernel without and with its ring
+// (whose first partition takes its block ids by early copies, then
+// validates them: CopyTableSlice).
+class GpuChecked : public ::testing::TestWithParam<int32_t> {
  protected:
   static constexpr int kHeads = 2, kQHeads = 4, kD = 128, kBs = 16, kBlocks = 32, kWidth = 8;
   void SetUp() override {
@@ -77,8 +80,8 @@ class GpuChecked : public ::testing::Test {
     cfg.block_size = kBs;
     cfg.num_kv_heads = kHeads;
     cfg.head_size = kD;
-    cfg.k_dtype = KVP_DTYPE_INT8;
-    cfg.v_dtype = KVP_DTYPE_INT8;
+    cfg.k_dtype = GetParam();
+    cfg.v_dtype = GetParam();
     cfg.checked = 1;
     ASSERT_OK(kvp_cache_create(&cfg, &cache_));
     std::vector<int32_t> perm(kBlocks);
@@ -192,7 +195,7 @@ class GpuChecked : public ::testing::Test {
   std::vector<float> clean_;
 };
 
-TEST_F(GpuChecked, BadBlockIdIsReportedAndNotRead) {
+TEST_P(GpuChecked, BadBlockIdIsReportedAndNotRead) {
   for (const int32_t bad : {kBlocks + 1000, -5, kBlocks}) {
     SCOPED_TRACE(bad);
     std::vector<int32_t> table = table_;
@@ -209,7 +212,7 @@ TEST_F(GpuChecked, BadBlockIdIsReportedAndNotRead) {
   }
 }
 
-TEST_F(GpuChecked, BadSeqLenIsReportedAndTakenAsEmpty) {
+TEST_P(GpuChecked, BadSeqLenIsReportedAndTakenAsEmpty) {
   for (const int32_t bad : {kWidth * kBs + 1, 1 << 30, -3}) {
     SCOPED_TRACE(bad);
     std::vector<int32_t> lens = lens_;
@@ -224,7 +227,7 @@ TEST_F(GpuChecked, BadSeqLenIsReportedAndTakenAsEmpty) {
   }
 }
 
-TEST_F(GpuChecked, BadSlotIsReportedAndNothingElseWritten) {
+TEST_P(GpuChecked, BadSlotIsReportedAndNothingElseWritten) {
   const std::vector<uint8_t> before = CacheBytes();
   // Rewriting the same tokens leaves the bytes as they are; with two slots
   // corrupted, those two tokens are skipped (their old bytes stay).
@@ -248,7 +251,7 @@ TEST_F(GpuChecked, BadSlotIsReportedAndNothingElseWritten) {
   EXPECT_EQ(DecodeNow(table_, lens_), clean_);
 }
 
-TEST_F(GpuChecked, BadCopyPairIsReported) {
+TEST_P(GpuChecked, BadCopyPairIsReported) {
   const std::vector<uint8_t> before = CacheBytes();
   // A copy of a block onto a free one (block ids past the written ones are
   // never in the table) and a pair with a bad destination.
@@ -264,6 +267,11 @@ TEST_F(GpuChecked, BadCopyPairIsReported) {
   EXPECT_EQ(DecodeNow(table_, lens_), clean_);
   EXPECT_FALSE(CacheBytes() == before) << "the good pair was copied";
 }
+
+INSTANTIATE_TEST_SUITE_P(KvDtypes, GpuChecked, ::testing::Values(KVP_DTYPE_INT8, KVP_DTYPE_INT4),
+                         [](const ::testing::TestParamInfo<int32_t>& info) {
+                           return std::string(info.param == KVP_DTYPE_INT8 ? "INT8" : "INT4");
+                         });
 
 #else  // !KVPAGE_HAVE_CUDA
 

@@ -635,6 +635,30 @@ TEST(CudaDecodeSmall, TensorCoresEveryDtype) {
   }
 }
 
+// A block table narrower than a partition: the INT4 ring kernel's first
+// partition copies a partition's worth of block ids before it knows the
+// length (CopyTableSlice). Entries past the table's width must not be read
+// (the last row's would lie past the table: memcheck) and must not matter;
+// those inside it past the sequence's end are garbage (RunCase).
+TEST(CudaDecodeSmall, TableNarrowerThanAPartition) {
+  KVPAGE_REQUIRE_GPU();
+  KVPAGE_SEEDED_RNG(rng);
+  for (int bs : kBlockSizes) {
+    Case c;
+    c.seed = rng();
+    c.k = DType::kINT4;
+    c.v = DType::kINT4;
+    c.head_size = 128;
+    c.path = DecodePath::kTensorCore;
+    c.block_size = bs;
+    c.group = 8;
+    c.partition_size = 2048;  // 64-256 ids a partition; the rows hold 3-11
+    c.lens = {1, 40, 130, 0};
+    RunCase(c);
+    if (HasFailure()) return;
+  }
+}
+
 // ---- The dtype x head size x block size matrix ---------------------------
 
 // The tensor-core kernel over its whole domain (K = V dtype, head sizes
