@@ -642,18 +642,34 @@ __device__ __forceinline__ void StoreRowStats(const DecodeParams& p, const Decod
 constexpr int kMinBlocksPerSm = 4;
 constexpr int kMinBlocksPerSmOneRow = 6;
 
+// A partition's slice of the block table: the entries a partition may use,
+// inside the table's width (none for a partition past it).
+struct TableSlice {
+  const int32_t* ids;
+  int entries;  // <= 0: none
+};
+__device__ __forceinline__ TableSlice PartitionTableSlice(const DecodeParams& p,
+                                                          const DecodeShape& shape, int seq,
+                                                          int part) {
+  const int per_part = shape.partition_size / p.geo.block_size;
+  const int first = part * per_part;
+  const int entries = min(per_part, p.block_table_width - first);
+  return {p.block_table + int64_t{seq} * p.block_table_stride + first, entries};
+}
+
 // Asks L2 for what a partition's prologue reads that does not depend on
-// its sequence's length: the q rows of its KV head and its slice of the
-// block table (the whole slice a partition may use, inside the table's
-// width). Otherwise each is another round trip after the length's, and
-// while the grid streams a round trip takes the loaded latency, 2-3 us on
-// an H100 (docs/PERF_NOTES.md, session 17). Lines, not bulk copies: q rows
-// and table slices may start anywhere. A partition past its sequence's end
-// fetches a few lines it does not use: the table row's (in the table) and
-// q's (used by the sequence's first partition).
+// its sequence's length: the q rows of its KV head and, with `with_table`,
+// its slice of the block table (PartitionTableSlice; without, the caller
+// copies those lines itself: CopyTableSlice). Otherwise each is another
+// round trip after the length's, and while the grid streams a round trip
+// takes the loaded latency, 2-3 us on an H100 (docs/PERF_NOTES.md, session
+// 17). Lines, not bulk copies: q rows and table slices may start anywhere.
+// A partition past its sequence's end fetches a few lines it does not use:
+// the table row's (in the table) and q's (used by the sequence's first
+// partition).
 __device__ __forceinline__ void PrefetchPrologueInputs(const DecodeParams& p,
                                                        const DecodeShape& shape, int seq, int kvh,
-                                                       int part) {
+                                                       int part, bool with_table) {
   constexpr int kLine = 128;
   const CacheGeometry& g = p.geo;
   const int group = p.num_q_heads / g.num_kv_heads;
@@ -665,13 +681,10 @@ __device__ __forceinline__ void PrefetchPrologueInputs(const DecodeParams& p,
   const int q_row_bytes = group * g.head_size * q_bytes;
   // A row of n bytes from anywhere touches at most n / kLine + 2 lines.
   const int q_lines = q_row_bytes / kLine + 2;
-  const int first_block = part * (shape.partition_size / g.block_size);
-  const int table_entries =
-      min(shape.partition_size / g.block_size, p.block_table_width - first_block);
-  const char* t0 = reinterpret_cast<const char*>(p.block_table +
-                                                 int64_t{seq} * p.block_table_stride + first_block);
-  const int t_bytes = 4 * table_entries;
-  const int t_lines = table_entries > 0 ? t_bytes / kLine + 2 : 0;
+  const TableSlice slice = PartitionTableSlice(p, shape, seq, part);
+  const char* t0 = reinterpret_cast<const char*>(slice.ids);
+  const int t_bytes = 4 * slice.entries;
+  const int t_lines = with_table && slice.entries > 0 ? t_bytes / kLine + 2 : 0;
   const int n = p.query_len * q_lines + t_lines;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const char* base;
@@ -707,21 +720,19 @@ __device__ __forceinline__ void StoreNothingVisible(const DecodeParams& p, const
   }
 }
 
-// The partition's slice of the block table (every entry a partition may
-// use) -> blk_s by asynchronous copies, one committed group: issued
-// before the sequence's length is known, so the ids arrive alongside it
-// instead of one round trip after it. Entries past the sequence's end are
-// copied too and never used; entries past the table's width become block 0
-// (never read past the table, and a length past it, which only checked
-// mode catches, still reads inside the cache).
+// The partition's slice of the block table (PartitionTableSlice, padded
+// to a partition's entries) -> blk_s by asynchronous copies, one committed
+// group: issued before the sequence's length is known, so the ids arrive
+// alongside it instead of one round trip after it. Entries past the
+// sequence's end are copied too and never used; entries past the table's
+// width become block 0 (never read past the table, and a length past it,
+// which only checked mode catches, still reads inside the cache).
 __device__ __forceinline__ void CopyTableSlice(const DecodeParams& p, const DecodeShape& shape,
                                                int seq, int part, int* blk_s) {
-  const int per_part = shape.partition_size / p.geo.block_size;
-  const int first = part * per_part;
-  const int n = min(per_part, p.block_table_width - first);
-  const int32_t* table = p.block_table + int64_t{seq} * p.block_table_stride + first;
-  for (int b = threadIdx.x; b < per_part; b += blockDim.x) {
-    CpAsync<4>(blk_s + b, b < n ? table + b : p.block_table, b < n);
+  const TableSlice slice = PartitionTableSlice(p, shape, seq, part);
+  for (int b = threadIdx.x; b < shape.partition_size / p.geo.block_size; b += blockDim.x) {
+    const bool in = b < slice.entries;
+    CpAsync<4>(blk_s + b, in ? slice.ids + b : p.block_table, in);
   }
   CpAsyncCommit();
 }
@@ -748,7 +759,7 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
   st.part = blockIdx.x;
   st.kvh = blockIdx.y;
   st.seq = blockIdx.z;
-  PrefetchPrologueInputs(p, shape, st.seq, st.kvh, st.part);
+  PrefetchPrologueInputs(p, shape, st.seq, st.kvh, st.part, early_blk_s == nullptr);
   if (early_blk_s != nullptr) CopyTableSlice(p, shape, st.seq, st.part, early_blk_s);
   st.len = SequenceLength(p, st.seq);
   st.P = shape.partition_size;
@@ -787,8 +798,9 @@ __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const Decod
   if (tid == 0) bad_block = 0;
   if (copied_early) CpAsyncWait<0>();  // CopyTableSlice's group
   __syncthreads();
-  for (int b = tid; b < st.nblk; b += blockDim.x) {
-    if (copied_early && p.checked == nullptr) break;
+  // Copied early, the ids are read again only to be validated.
+  const int n = copied_early && p.checked == nullptr ? 0 : st.nblk;
+  for (int b = tid; b < n; b += blockDim.x) {
     int id = copied_early ? blk_s[b] : __ldg(table + b);
     if (p.checked != nullptr && (id < 0 || id >= g.num_blocks)) {
       ReportFault(p.checked, DeviceFault::kBlockIdOutOfRange, st.seq, id, g.num_blocks);

@@ -654,6 +654,14 @@ TEST(CudaDecodeSmall, TableNarrowerThanAPartition) {
     c.group = 8;
     c.partition_size = 2048;  // 64-256 ids a partition; the rows hold 3-11
     c.lens = {1, 40, 130, 0};
+    // Only the ring kernel copies early: the one tensor-core kernel that
+    // writes its own output (kernels/launch.h).
+    CacheGeometry geo;
+    geo.head_size = c.head_size;
+    geo.k_dtype = c.k;
+    geo.v_dtype = c.v;
+    ASSERT_TRUE(kernels::DecodeUsesTensorCores(geo, c.group * c.query_len, c.path) &&
+                kernels::PartitionKernelWritesOutput(geo, true));
     RunCase(c);
     if (HasFailure()) return;
   }
