@@ -189,10 +189,15 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   Check(kvp_cache_get_info(cache, &info), "info");
 
-  // Tables: each sequence gets its own blocks, shuffled as a real pool is.
+  // Tables: each sequence gets its own blocks, shuffled as a real pool is
+  // (KVPAGE_BENCH_BLOCK_ORDER=linear: in order, each sequence's blocks
+  // adjacent in memory, to see what the scatter costs).
   std::vector<int32_t> perm(blocks);
   for (int64_t i = 0; i < blocks; ++i) perm[i] = static_cast<int32_t>(i);
-  std::shuffle(perm.begin(), perm.end(), rng);
+  const char* order_env = std::getenv("KVPAGE_BENCH_BLOCK_ORDER");
+  if (order_env == nullptr || std::string(order_env) != "linear") {
+    std::shuffle(perm.begin(), perm.end(), rng);
+  }
   std::vector<int32_t> table(size_t(B) * width, 0);
   std::vector<int64_t> slots;
   slots.reserve(total_tokens);

@@ -9,8 +9,11 @@
 // head size 128, where the register path waited on K at every step) through
 // a per-warp cp.async ring in shared memory, two steps ahead, each lane
 // copying and reading back its own slots; the ring's stages also carry the
-// steps' scale entries. Block size is a template argument, so every load
-// address is a base plus an immediate.
+// steps' scale entries; its K and V copies have L2 fetch 256-byte spans
+// from DRAM (.L2::256B: a block's K and V pieces are 1 KB each, at
+// scattered addresses; INT4 0.2-0.7% faster on every benchmark shape).
+// Block size is a template argument, so every load address is a base plus
+// an immediate.
 //
 // Layout. Block (p, h, s), 4 warps, K dtype T = V dtype. A pass covers 8 or
 // 16 query rows (kNT = 1 or 2 column tiles of 8); more rows take more passes.
@@ -411,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 #pragma unroll
         for (int c = 0; c < kLaneChunks; ++c) {
           if constexpr (kRing) {
-            CpAsync<16>(k_slot(stage, j, hh, c), kp + c * chunk4, in);
+            CpAsync<16, true>(k_slot(stage, j, hh, c), kp + c * chunk4, in);
           } else {
             kraw[j][hh][c] = in ? Load16(kp + c * chunk4) : Zero16();
           }
@@ -419,7 +422,10 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       }
     }
   };
-  // V: the lane's span of every channel row it holds.
+  // V: the lane's span of every channel row it holds. The ring's V copies
+  // stay 8-byte, L1-allocating ones: pairing a lane's rows into 16-byte
+  // copies (which bypass L1) measured 19% slower (docs/PERF_NOTES.md,
+  // session 20).
   auto load_v = [&](const int s0, const int stage, auto full) {
     constexpr bool kFull = decltype(full)::value;
     const int span_tok = s0 + F::kSpan * tig;
@@ -434,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         for (int hh = 0; hh < 2; ++hh) {
           const uint8_t *vp = vb + (2 * i + hh) * vrow8;
           if constexpr (kRing) {
-            CpAsync<8>(v_slot(stage, i, hh), vp, in);
+            CpAsync<8, true>(v_slot(stage, i, hh), vp, in);
           } else {
             vraw[i][hh] = in ? __ldg(reinterpret_cast<const uint2 *>(vp)) : make_uint2(0u, 0u);
           }

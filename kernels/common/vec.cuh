@@ -84,15 +84,26 @@ __device__ __forceinline__ void LoadAsFloat8(DType dtype, const void* base, int6
 // Asynchronous global -> shared copy of kBytes (4, 8 or 16; both addresses
 // aligned to it), bypassing registers: a warp can keep many in flight. With
 // `in` false nothing is read and the kBytes of shared memory become zeros.
-// 16-byte copies bypass L1 (.cg), smaller ones cannot.
-template <int kBytes>
+// 16-byte copies bypass L1 (.cg), smaller ones cannot. kL2Fetch256: L2
+// fills the whole aligned 256 bytes around the copy from DRAM at once
+// (.L2::256B), for copies whose neighbours in that span come soon after:
+// fewer, larger DRAM reads where a block's pieces are scattered.
+template <int kBytes, bool kL2Fetch256 = false>
 __device__ __forceinline__ void CpAsync(void* smem, const void* gmem, bool in = true) {
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = in ? kBytes : 0;
-  if constexpr (kBytes == 16) {
+  if constexpr (kBytes == 16 && kL2Fetch256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(src_bytes)
+                 : "memory");
+  } else if constexpr (kBytes == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                  "r"(src_bytes)
+                 : "memory");
+  } else if constexpr (kL2Fetch256) {
+    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
+                 "n"(kBytes), "r"(src_bytes)
                  : "memory");
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
