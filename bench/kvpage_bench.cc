@@ -150,6 +150,13 @@ uint16_t ToBf16(float f) {
   return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+// KVPAGE_BENCH_BLOCK_ORDER=linear: each sequence's blocks adjacent in
+// memory instead of drawn from a shuffled pool (RunCase).
+bool LinearBlockOrder() {
+  const char* env = std::getenv("KVPAGE_BENCH_BLOCK_ORDER");
+  return env != nullptr && std::string(env) == "linear";
+}
+
 Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gbs, int iters,
                size_t l2_bytes, std::mt19937& rng) {
   const int dtype = ParseDtype(dtype_name);
@@ -190,14 +197,10 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   Check(kvp_cache_get_info(cache, &info), "info");
 
   // Tables: each sequence gets its own blocks, shuffled as a real pool is
-  // (KVPAGE_BENCH_BLOCK_ORDER=linear: in order, each sequence's blocks
-  // adjacent in memory, to see what the scatter costs).
+  // (or adjacent: LinearBlockOrder, to see what the scatter costs).
   std::vector<int32_t> perm(blocks);
   for (int64_t i = 0; i < blocks; ++i) perm[i] = static_cast<int32_t>(i);
-  const char* order_env = std::getenv("KVPAGE_BENCH_BLOCK_ORDER");
-  if (order_env == nullptr || std::string(order_env) != "linear") {
-    std::shuffle(perm.begin(), perm.end(), rng);
-  }
+  if (!LinearBlockOrder()) std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> table(size_t(B) * width, 0);
   std::vector<int64_t> slots;
   slots.reserve(total_tokens);
@@ -383,6 +386,10 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MiB | copy bandwidth (D2D, read+write): %.0f GB/s\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
   std::printf("kvpage %s | %s\n", kvp_version_string(), kvp_build_info());
+  if (LinearBlockOrder()) {
+    std::printf(
+        "block tables: each sequence's blocks adjacent (KVPAGE_BENCH_BLOCK_ORDER=linear)\n");
+  }
 
   std::vector<Shape> shapes;
   for (int b : {32, 64, 128, 256, 512}) {
