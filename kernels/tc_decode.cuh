@@ -10,8 +10,9 @@
 // a per-warp cp.async ring in shared memory, two steps ahead, each lane
 // copying and reading back its own slots; the ring's stages also carry the
 // steps' scale entries; its K and V copies have L2 fetch 256-byte spans
-// from DRAM (.L2::256B: a block's K and V pieces are 1 KB each, at
-// scattered addresses; INT4 0.2-0.7% faster on every benchmark shape).
+// from DRAM (.L2::256B: a block's K and V pieces are 1 KB each at block
+// size 16, at scattered addresses; INT4 0.2-0.7% faster on every benchmark
+// shape), but for block size 8's 4-byte V copies (not measured).
 // Block size is a template argument, so every load address is a base plus
 // an immediate.
 //

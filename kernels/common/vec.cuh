@@ -93,23 +93,21 @@ __device__ __forceinline__ void CpAsync(void* smem, const void* gmem, bool in = 
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = in ? kBytes : 0;
+  // One instruction, four spellings: the cache operator and the L2 fetch
+  // size are part of the opcode.
+#define KVPAGE_CP_ASYNC(opcode)                                                                 \
+  asm volatile(opcode " [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(kBytes), "r"(src_bytes) \
+               : "memory")
   if constexpr (kBytes == 16 && kL2Fetch256) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes)
-                 : "memory");
+    KVPAGE_CP_ASYNC("cp.async.cg.shared.global.L2::256B");
   } else if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes)
-                 : "memory");
+    KVPAGE_CP_ASYNC("cp.async.cg.shared.global");
   } else if constexpr (kL2Fetch256) {
-    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
-                 "n"(kBytes), "r"(src_bytes)
-                 : "memory");
+    KVPAGE_CP_ASYNC("cp.async.ca.shared.global.L2::256B");
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem),
-                 "n"(kBytes), "r"(src_bytes)
-                 : "memory");
+    KVPAGE_CP_ASYNC("cp.async.ca.shared.global");
   }
+#undef KVPAGE_CP_ASYNC
 }
 
 // Closes the group of this thread's cp.async issued since the last commit.
