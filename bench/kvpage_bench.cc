@@ -150,6 +150,20 @@ uint16_t ToBf16(float f) {
   return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+uint16_t ToHalf(float f) {
+  const _Float16 h = static_cast<_Float16>(f);  // round to nearest even
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+
+// KVPAGE_BENCH_WRITE_INPUT=fp16: the cache write's K and V are FP16, as an
+// FP16 model's are (default BF16; the write kernel differs by input type).
+bool HalfWriteInput() {
+  const char* env = std::getenv("KVPAGE_BENCH_WRITE_INPUT");
+  return env != nullptr && std::string(env) == "fp16";
+}
+
 // KVPAGE_BENCH_BLOCK_ORDER=linear: each sequence's blocks adjacent in
 // memory instead of drawn from a shuffled pool (RunCase).
 bool LinearBlockOrder() {
@@ -212,13 +226,15 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
     }
   }
 
-  // Fill every layer with random BF16 K/V through the write kernel, in
-  // chunks; time the chunks of the first layer for the write throughput.
+  // Fill every layer with random BF16 (or FP16: HalfWriteInput) K/V
+  // through the write kernel, in chunks; time the chunks of the first
+  // layer for the write throughput.
   const int64_t chunk = std::min<int64_t>(total_tokens, 65536);
   const int64_t elems = chunk * shape.hkv * D;
   std::vector<uint16_t> host(elems);
   std::normal_distribution<float> normal;
-  for (auto& x : host) x = ToBf16(normal(rng));
+  const bool half_input = HalfWriteInput();
+  for (auto& x : host) x = half_input ? ToHalf(normal(rng)) : ToBf16(normal(rng));
   // The timed writes rotate, as the decodes do, through memory larger than
   // the L2 (4x where the cache allows it), so that each call reads its K and
   // V from memory and writes to lines no recent call left in L2: their
@@ -254,7 +270,7 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
     kvp_write_args_init(&w);
     w.layer = layer;
     w.num_tokens = static_cast<int32_t>(std::min(chunk, total_tokens - start));
-    w.input_dtype = KVP_DTYPE_BF16;
+    w.input_dtype = half_input ? KVP_DTYPE_FP16 : KVP_DTYPE_BF16;
     w.key = dk[input];
     w.value = dv[input];
     w.slot_mapping = static_cast<const int64_t*>(dslots) + start;
@@ -275,7 +291,7 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   const double write_ms =
       GraphMedianMs(stream, std::max(write_targets, input_sets), std::max(iters / 4, 11),
                     [&](int i) { timed_write(i, stream); });
-  // Write traffic: BF16 input read + the cache bytes written.
+  // Write traffic: the 16-bit input read + the cache bytes written.
   const double write_bytes =
       double(chunk) * (2.0 * shape.hkv * D * 2 + info.bytes_per_token_per_layer);
   const double write_gbs = write_bytes / (write_ms * 1e-3) / 1e9;
@@ -390,6 +406,7 @@ int main(int argc, char** argv) {
     std::printf(
         "block tables: each sequence's blocks adjacent (KVPAGE_BENCH_BLOCK_ORDER=linear)\n");
   }
+  if (HalfWriteInput()) std::printf("cache write input: FP16 (KVPAGE_BENCH_WRITE_INPUT=fp16)\n");
 
   std::vector<Shape> shapes;
   for (int b : {32, 64, 128, 256, 512}) {

@@ -100,12 +100,17 @@ struct Input<Bf16Tag> {
 
 // Tokens per tile: one lane group each; also the width of the run masks.
 constexpr int kTileTokens = 32;
-// Blocks per SM the register budget is sized for (64 registers a thread):
-// the quantizer is issue- and latency-bound, so more resident tiles beat a
-// few spilled registers.
-template <int kThreads>
+// Blocks per SM the register budget is sized for: the quantizer is
+// issue- and latency-bound, so more resident tiles beat a few spilled
+// registers. 64 registers a thread (4 blocks of 256 threads) by default;
+// 48 (5 blocks) for INT4 V from 16-bit input, which stores the fewest
+// bytes a token and so gains the most from more tiles in flight: +2 to
+// +5% on every INT4 write shape, where the same budget cost BF16 V 3-7%
+// and FP8/INT8 V's ragged batch 3-4% (docs/PERF_NOTES.md, session 21).
+template <typename Tag, int kLanes, int kVBits>
 constexpr int MinBlocksPerSm() {
-  return 65536 / 64 / kThreads;
+  const int registers = kVBits == 4 && sizeof(typename Input<Tag>::Raw) == 2 ? 48 : 64;
+  return 65536 / registers / (kTileTokens * kLanes);
 }
 
 // Lane layout of one row (a token-head vector): channels come in groups of
@@ -502,7 +507,7 @@ __device__ __forceinline__ int64_t TokenSlot(const WriteParams& p, int64_t t, in
 // allow 16-byte loads; run-time values elsewhere.
 template <typename Tag, int kLanes, int kVBits, bool kVecLoads>
 __global__ void __launch_bounds__(RowLayout<Tag, kLanes>::kThreads,
-                                  MinBlocksPerSm<RowLayout<Tag, kLanes>::kThreads>())
+                                  MinBlocksPerSm<Tag, kLanes, kVBits>())
     CacheWriteKernel(const WriteParams p, const WriteLayout lay) {
   using L = RowLayout<Tag, kLanes>;
   using Raw = typename L::Raw;
