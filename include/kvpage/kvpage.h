@@ -153,7 +153,11 @@ KVP_EXPORT void kvp_allocator_init(kvp_allocator* allocator);
 typedef struct kvp_cache_config {
   size_t struct_size;
   int32_t device_kind;    /* kvp_device_kind_t; default KVP_DEVICE_CPU */
-  int32_t device_ordinal; /* CUDA device; default 0 */
+  /* CUDA device; default 0. Every call on the cache runs there, whatever
+   * the calling thread's current device, and leaves that current device as
+   * it found it; device pointers passed for the cache (inputs, tables,
+   * outputs) are memory of this device. */
+  int32_t device_ordinal;
   int32_t num_layers;     /* >= 1; default 1 */
   int32_t num_blocks;     /* >= 1; default 0 (must be set) */
   int32_t block_size;     /* tokens per block: 8, 16 or 32; default 16 */

@@ -83,21 +83,29 @@ struct Geometry {
   int k_dtype = KVP_DTYPE_INT8, v_dtype = KVP_DTYPE_INT8;
   int head_size = 128, block_size = 16, num_kv_heads = 2, num_layers = 2, num_blocks = 64;
   bool smoothing = false;
+  int device_ordinal = 0;   // the GPU cache's device
+  int calling_device = -1;  // the current device for calls on it (-1: the test's own)
 };
+
+// A CPU cache's configuration for a geometry (no key smoothing).
+kvp_cache_config CpuConfig(const Geometry& g) {
+  kvp_cache_config cfg;
+  kvp_cache_config_init(&cfg);
+  cfg.num_layers = g.num_layers;
+  cfg.num_blocks = g.num_blocks;
+  cfg.block_size = g.block_size;
+  cfg.num_kv_heads = g.num_kv_heads;
+  cfg.head_size = g.head_size;
+  cfg.k_dtype = g.k_dtype;
+  cfg.v_dtype = g.v_dtype;
+  return cfg;
+}
 
 // A CPU cache and a CUDA cache of the same geometry, fed the same inputs.
 class Twins {
  public:
   Twins(const Geometry& g, Rng& rng) : g_(g) {
-    kvp_cache_config cfg;
-    kvp_cache_config_init(&cfg);
-    cfg.num_layers = g.num_layers;
-    cfg.num_blocks = g.num_blocks;
-    cfg.block_size = g.block_size;
-    cfg.num_kv_heads = g.num_kv_heads;
-    cfg.head_size = g.head_size;
-    cfg.k_dtype = g.k_dtype;
-    cfg.v_dtype = g.v_dtype;
+    kvp_cache_config cfg = CpuConfig(g);
     if (g.smoothing) {
       for (int i = 0; i < g.num_kv_heads * g.head_size; ++i) {
         smoothing_.push_back(std::exp(rng.normal(0.7f)));
@@ -106,7 +114,8 @@ class Twins {
     }
     error_ = TakeError(kvp_cache_create(&cfg, &cpu_));
     cfg.device_kind = KVP_DEVICE_CUDA;
-    if (error_.empty()) error_ = TakeError(kvp_cache_create(&cfg, &gpu_));
+    cfg.device_ordinal = g.device_ordinal;
+    if (error_.empty()) error_ = OnGpu([&] { return kvp_cache_create(&cfg, &gpu_); });
   }
   ~Twins() {
     kvp_cache_destroy(cpu_);
@@ -116,6 +125,26 @@ class Twins {
   kvp_cache* cpu() const { return cpu_; }
   kvp_cache* gpu() const { return gpu_; }
   int64_t token_elems() const { return int64_t(g_.num_kv_heads) * g_.head_size; }
+
+  // Makes one C API call that runs on the GPU cache, from the geometry's
+  // calling device where it names one (the test's buffers stay on the
+  // test's current device), and checks that the call left the calling
+  // device current. The error's message, or "".
+  template <typename Call>
+  std::string OnGpu(Call call) const {
+    int home = -1, now = -1;
+    cudaGetDevice(&home);
+    const int caller = g_.calling_device >= 0 ? g_.calling_device : home;
+    if (cudaSetDevice(caller) != cudaSuccess) return absl::StrFormat("cudaSetDevice(%d)", caller);
+    std::string err = TakeError(call());
+    cudaGetDevice(&now);
+    cudaSetDevice(home);
+    if (err.empty() && now != caller) {
+      err = absl::StrFormat("the call left device %d current instead of the caller's %d", now,
+                            caller);
+    }
+    return err;
+  }
 
   // Writes the same tokens into both caches.
   std::string Write(int layer, int input_dtype, const std::vector<int64_t>& slots,
@@ -138,7 +167,7 @@ class Twins {
     a.key = dk.get();
     a.value = dv.get();
     a.slot_mapping = ds.get();
-    err = TakeError(kvp_cache_write(gpu_, &a, nullptr));
+    err = OnGpu([&] { return kvp_cache_write(gpu_, &a, nullptr); });
     cudaDeviceSynchronize();
     return err.empty() ? "" : "gpu: " + err;
   }
@@ -222,7 +251,7 @@ void CompareDecode(const Twins& twins, int layer, const Batch& b, int max_num_se
   dc.out_dtype = b.out_dtype;
   kvp_decoder *cpu_dec = nullptr, *gpu_dec = nullptr;
   ASSERT_OK(kvp_decoder_create(twins.cpu(), &dc, &cpu_dec));
-  ASSERT_OK(kvp_decoder_create(twins.gpu(), &dc, &gpu_dec));
+  ASSERT_EQ(twins.OnGpu([&] { return kvp_decoder_create(twins.gpu(), &dc, &gpu_dec); }), "");
   kvp_cache_info info;
   kvp_cache_info_init(&info);
   ASSERT_OK(kvp_cache_get_info(twins.cpu(), &info));
@@ -259,7 +288,7 @@ void CompareDecode(const Twins& twins, int layer, const Batch& b, int max_num_se
   a.alibi_slopes = b.alibi.empty() ? nullptr : dalibi.get();
   a.out = dout.get();
   a.lse = b.lse ? dlse.get() : nullptr;
-  ASSERT_OK(kvp_decode(gpu_dec, &a, nullptr));
+  ASSERT_EQ(twins.OnGpu([&] { return kvp_decode(gpu_dec, &a, nullptr); }), "");
   ASSERT_CUDA(cudaDeviceSynchronize());
   const std::vector<uint8_t> gpu_out = dout.Read(cpu_out.size());
   const std::vector<float> gpu_lse = dlse.Read(cpu_lse.size());
@@ -686,15 +715,8 @@ TEST(GpuCache, ForkSwapAndNonFiniteContainment) {
   twins.ExpectSameBytes();
 
   // Swap blocks 0..2 of every layer out to a CPU cache and back in.
-  kvp_cache_config cfg;
-  kvp_cache_config_init(&cfg);
-  cfg.num_layers = g.num_layers;
+  kvp_cache_config cfg = CpuConfig(g);
   cfg.num_blocks = 5;
-  cfg.block_size = g.block_size;
-  cfg.num_kv_heads = g.num_kv_heads;
-  cfg.head_size = g.head_size;
-  cfg.k_dtype = g.k_dtype;
-  cfg.v_dtype = g.v_dtype;
   kvp_cache* swap = nullptr;
   ASSERT_OK(kvp_cache_create(&cfg, &swap));
   const int32_t out_pairs[] = {0, 4, 1, 3, 2, 0};
@@ -716,32 +738,154 @@ TEST(GpuCache, ForkSwapAndNonFiniteContainment) {
   kvp_cache_destroy(swap);
 }
 
-TEST(GpuCache, CallsLeaveTheCallersCurrentDeviceAlone) {
+// A cache is bound to its device: every call on it works from a thread
+// whose current device is another one and leaves that device current
+// (with two GPUs or more: the cache on the last, the calls from device 0;
+// with one, the same calls from the cache's own device). Sequences with
+// copy-on-write, writes, a decode, block copies and a swap, each checked
+// against the CPU backend; the test's own buffers live on the cache's
+// device, as an engine's inputs for that cache do.
+TEST(GpuCache, EveryCallFromAnotherCurrentDevice) {
   SKIP_WITHOUT_GPU();
-  const int n = GpuCount();
-  const int target = n - 1;  // the cache's device: another one when there are two
-  const int current = 0;     // the caller's
-  ASSERT_CUDA(cudaSetDevice(current));
+  Rng rng;
+  Geometry g;
+  g.k_dtype = KVP_DTYPE_INT8;
+  g.v_dtype = KVP_DTYPE_INT4;
+  g.device_ordinal = GpuCount() - 1;
+  g.calling_device = 0;
+  SCOPED_TRACE(absl::StrFormat("seed=%d; cache on device %d of %d, calls from device %d", rng.seed,
+                               g.device_ordinal, GpuCount(), g.calling_device));
+  // The next test finds the current device this one found, pass or fail.
+  struct RestoreDevice {
+    int ordinal = 0;
+    RestoreDevice() { cudaGetDevice(&ordinal); }
+    ~RestoreDevice() { cudaSetDevice(ordinal); }
+  } restore;
+  ASSERT_CUDA(cudaSetDevice(g.device_ordinal));
+  {
+    Twins twins(g, rng);
+    ASSERT_EQ(twins.error(), "");
+    kvp_cache* const caches[2] = {twins.cpu(), twins.gpu()};
+    auto call = [&](int c, auto f) { return c == 1 ? twins.OnGpu(f) : TakeError(f()); };
+    // A parent of 37 tokens, written; a fork whose append copies the shared
+    // partial block (the block-copy kernel on the GPU); the child's tokens.
+    int64_t parent[2] = {0, 0}, child[2] = {0, 0};
+    std::vector<int64_t> slots[2], child_slots[2];
+    for (int c = 0; c < 2; ++c) {
+      slots[c].resize(37);
+      ASSERT_EQ(call(c, [&] { return kvp_seq_create(caches[c], &parent[c]); }), "");
+      ASSERT_EQ(
+          call(c,
+               [&] { return kvp_seq_append(caches[c], parent[c], 37, slots[c].data(), nullptr); }),
+          "");
+    }
+    ASSERT_EQ(slots[0], slots[1]);
+    ASSERT_EQ(twins.Write(0, KVP_DTYPE_BF16, slots[0], rng.normals(37 * twins.token_elems()),
+                          rng.normals(37 * twins.token_elems())),
+              "");
+    for (int c = 0; c < 2; ++c) {
+      child_slots[c].resize(2);
+      ASSERT_EQ(call(c, [&] { return kvp_seq_fork(caches[c], parent[c], &child[c]); }), "");
+      ASSERT_EQ(call(c,
+                     [&] {
+                       return kvp_seq_append(caches[c], child[c], 2, child_slots[c].data(),
+                                             nullptr);
+                     }),
+                "");
+    }
+    ASSERT_EQ(child_slots[0], child_slots[1]);
+    EXPECT_NE(child_slots[0][0] / g.block_size, slots[0][32] / g.block_size);  // the copy
+    ASSERT_EQ(twins.Write(0, KVP_DTYPE_FP16, child_slots[0], rng.normals(2 * twins.token_elems()),
+                          rng.normals(2 * twins.token_elems())),
+              "");
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    twins.ExpectSameBytes();
+
+    // Both sequences decoded through the tables the caches export.
+    Batch b;
+    b.num_seqs = 2;
+    b.hq = g.num_kv_heads * 4;
+    b.width = 3;
+    b.table.resize(6);
+    b.lens.resize(2);
+    std::vector<int32_t> gpu_table(6), gpu_lens(2);
+    const int64_t cpu_ids[] = {parent[0], child[0]}, gpu_ids[] = {parent[1], child[1]};
+    ASSERT_OK(
+        kvp_cache_export_block_table(twins.cpu(), cpu_ids, 2, 3, 3, b.table.data(), b.lens.data()));
+    ASSERT_EQ(twins.OnGpu([&] {
+      return kvp_cache_export_block_table(twins.gpu(), gpu_ids, 2, 3, 3, gpu_table.data(),
+                                          gpu_lens.data());
+    }),
+              "");
+    EXPECT_EQ(gpu_table, b.table);
+    EXPECT_EQ(b.lens, (std::vector<int32_t>{37, 39}));
+    StoreElements(b.q_dtype, rng.normals(size_t(b.num_seqs) * b.hq * g.head_size), &b.q);
+    CompareDecode(twins, 0, b, 2, 64, 1);
+
+    // Block copies (every layer), then a swap out to a CPU cache and back in.
+    const int32_t first = static_cast<int32_t>(slots[0][0] / g.block_size);
+    const int32_t copied = static_cast<int32_t>(child_slots[0][0] / g.block_size);
+    const std::vector<int32_t> pairs = {first, 40, copied, 41};
+    const DeviceBuffer<int32_t> device_pairs(pairs);  // in the GPU cache's memory space
+    ASSERT_OK(kvp_cache_copy_blocks(twins.cpu(), pairs.data(), 2, nullptr));
+    ASSERT_EQ(twins.OnGpu([&] {
+      return kvp_cache_copy_blocks(twins.gpu(), device_pairs.get(), 2, nullptr);
+    }),
+              "");
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    twins.ExpectSameBytes();
+    kvp_cache_config cfg = CpuConfig(g);  // swap space of two blocks
+    cfg.num_blocks = 2;
+    kvp_cache* swap = nullptr;
+    ASSERT_OK(kvp_cache_create(&cfg, &swap));
+    const int32_t out_pairs[] = {40, 1, 41, 0};
+    ASSERT_EQ(twins.OnGpu([&] {
+      return kvp_cache_transfer_blocks(swap, twins.gpu(), out_pairs, 2, nullptr);
+    }),
+              "");
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    for (int l = 0; l < g.num_layers; ++l) {
+      const DequantizedLayer from_swap = DequantizedLayer::Read(swap, l);
+      const DequantizedLayer from_cpu = DequantizedLayer::Read(twins.cpu(), l);
+      for (int h = 0; h < g.num_kv_heads; ++h) {
+        for (int t = 0; t < g.block_size; ++t) {
+          for (int d = 0; d < g.head_size; ++d) {
+            ASSERT_EQ(from_swap.k(1, h, t, d), from_cpu.k(40, h, t, d))
+                << l << " " << h << " " << t;
+            ASSERT_EQ(from_swap.v(0, h, t, d), from_cpu.v(41, h, t, d))
+                << l << " " << h << " " << t;
+          }
+        }
+      }
+    }
+    const int32_t in_pairs[] = {1, 50, 0, 51};
+    ASSERT_EQ(twins.OnGpu([&] {
+      return kvp_cache_transfer_blocks(twins.gpu(), swap, in_pairs, 2, nullptr);
+    }),
+              "");
+    ASSERT_OK(kvp_cache_copy_blocks(twins.cpu(), std::vector<int32_t>{40, 50, 41, 51}.data(), 2,
+                                    nullptr));
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    twins.ExpectSameBytes();
+    kvp_cache_destroy(swap);
+  }
+
+  // Creating and destroying from the calling device leave it current too.
+  ASSERT_CUDA(cudaSetDevice(g.calling_device));
   kvp_cache_config cfg;
   kvp_cache_config_init(&cfg);
   cfg.device_kind = KVP_DEVICE_CUDA;
-  cfg.device_ordinal = target;
+  cfg.device_ordinal = g.device_ordinal;
   cfg.num_blocks = 16;
   cfg.num_kv_heads = 1;
   kvp_cache* cache = nullptr;
   ASSERT_OK(kvp_cache_create(&cfg, &cache));
-  int64_t seq = 0;
-  ASSERT_OK(kvp_seq_create(cache, &seq));
-  ASSERT_OK(kvp_seq_append(cache, seq, 3, nullptr, nullptr));
-  kvp_write_stats stats;
-  kvp_write_stats_init(&stats);
-  ASSERT_OK(kvp_cache_get_write_stats(cache, &stats));
   int now = -1;
   ASSERT_CUDA(cudaGetDevice(&now));
-  EXPECT_EQ(now, current);
+  EXPECT_EQ(now, g.calling_device);
   kvp_cache_destroy(cache);
   ASSERT_CUDA(cudaGetDevice(&now));
-  EXPECT_EQ(now, current);
+  EXPECT_EQ(now, g.calling_device);
 }
 
 #endif  // KVPAGE_HAVE_CUDA
