@@ -12,6 +12,7 @@
 // launch of its kernels inside the events.
 //
 // usage: kvpage-bench [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4] [--shapes SUBSTR,...]
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -151,7 +152,7 @@ uint16_t ToBf16(float f) {
 }
 
 uint16_t ToHalf(float f) {
-  const _Float16 h = static_cast<_Float16>(f);  // round to nearest even
+  const __half h = __float2half_rn(f);
   uint16_t u;
   std::memcpy(&u, &h, 2);
   return u;

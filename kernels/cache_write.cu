@@ -104,8 +104,8 @@ constexpr int kTileTokens = 32;
 // issue- and latency-bound, so more resident tiles beat a few spilled
 // registers. 64 registers a thread (4 blocks of 256 threads) by default;
 // 48 (5 blocks) for INT4 V from 16-bit input, which stores the fewest
-// bytes a token and so gains the most from more tiles in flight: +2 to
-// +5% on every INT4 write shape, where the same budget cost BF16 V 3-7%
+// bytes a token and so gains the most from more tiles in flight: +1.9 to
+// +5.7% on every INT4 write shape, where the same budget cost BF16 V 3-7%
 // and FP8/INT8 V's ragged batch 3-4% (docs/PERF_NOTES.md, session 21).
 template <typename Tag, int kLanes, int kVBits>
 constexpr int MinBlocksPerSm() {
