@@ -18,6 +18,8 @@
 //
 // --cases keeps the cases whose name ("bf16 B=128", ...) contains one of
 // the substrings; --linear gives each sequence adjacent blocks instead.
+// The "small" cases (4 sequences of 2048 tokens) run only when named, for
+// compute-sanitizer: `compute-sanitizer kvpage-read-floor --cases small`.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -276,10 +278,14 @@ int main(int argc, char** argv) {
                         {"bf16 B=256", 256, 8192, 4096, 4096, 0},
                         {"bf16 B=512", 512, 8192, 4096, 4096, 0},
                         {"int4 B=512", 512, 8192, 1024, 1024, 64},
-                        {"fp8 B=512", 512, 8192, 2048, 2048, 32}};
+                        {"fp8 B=512", 512, 8192, 2048, 2048, 32},
+                        // Small cases, run only when named (--cases small):
+                        // every variant in seconds, for compute-sanitizer.
+                        {"small bf16 B=4", 4, 2048, 4096, 4096, 0},
+                        {"small int4 B=4", 4, 2048, 1024, 1024, 64}};
   std::mt19937 rng(7);
   for (const Case& c : cases) {
-    bool keep = only.empty();
+    bool keep = only.empty() && std::strncmp(c.name, "small", 5) != 0;
     for (const std::string& o : only) keep = keep || std::strstr(c.name, o.c_str()) != nullptr;
     if (!keep) continue;
     const int nbps = c.T / 16;
@@ -303,6 +309,7 @@ int main(int argc, char** argv) {
     std::printf("%s: %.0f MB a layer, %d layers\n", c.name, bytes / 1e6, layers);
     for (int mode = 0; mode < 3; ++mode) {
       for (int P : {1024, 2048, 4096, 8192}) {
+        if (P > c.T) continue;
         for (int chunk : {1, 2, 4}) {
           for (int S : {4, 8, 16}) {
             Params p{};
