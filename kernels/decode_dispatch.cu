@@ -9,6 +9,8 @@
 // and picks its column tiles from the rows per KV head.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/launch.h"
 #include "kernels/paged_decode.cuh"
 #include "kernels/tc_decode.cuh"
@@ -106,23 +108,30 @@ bool UsesRing(const CacheGeometry& geo, bool tensor_cores) {
 }
 
 // Whether the host also weighs a third of the context as the partition
-// size: for the tensor-core kernel with 8-bit codes in registers, where
-// thirds measured 1-5% faster from 128 KV-head rows on (and 0.7% slower
-// for GQA 32/8); 16-bit caches measured -0.8% to +2.8%, so keep halves
-// (H100, docs/PERF_NOTES.md, session 17).
+// size: for the tensor-core kernel with codes in registers (8- and 16-bit),
+// where thirds measured 1-5% faster for 8-bit codes from 128 KV-head rows
+// on (H100, docs/PERF_NOTES.md, session 17) and, once the kernel carried
+// its next step in a register, from 1.2% faster to 0.1% slower for BF16
+// where the host now picks them (128-512 KV-head rows; session 26;
+// session 17's kernel had measured -0.8% to +2.8%).
 bool WeighsThirds(const CacheGeometry& geo, bool tensor_cores) {
-  return tensor_cores && !UsesRing(geo, tensor_cores) && DTypeBits(geo.k_dtype) == 8;
+  return tensor_cores && !UsesRing(geo, tensor_cores);
 }
 }  // namespace
 
 int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores) {
   if (!tensor_cores) return 512;
   if (UsesRing(geo, tensor_cores)) return 8192;
-  return WeighsThirds(geo, tensor_cores) ? 4096 : 2048;
+  return DTypeBits(geo.k_dtype) == 8 ? 4096 : 2048;
+}
+
+int32_t MaxThirdPartitionSize(const CacheGeometry& geo, bool tensor_cores) {
+  return WeighsThirds(geo, tensor_cores) ? 4096 : 0;
 }
 
 int32_t PartitionStepTokens(const CacheGeometry& geo, bool tensor_cores) {
-  return WeighsThirds(geo, tensor_cores) ? decode::TcStepTokens(geo.k_dtype) : 0;
+  // Partition sizes are multiples of 32 (DecodeShape).
+  return WeighsThirds(geo, tensor_cores) ? std::max(decode::TcStepTokens(geo.k_dtype), 32) : 0;
 }
 
 bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores) {

@@ -95,13 +95,21 @@ bool DecodeUsesTensorCores(const CacheGeometry& geo, int32_t rows, DecodePath pa
 // shared-memory ring (no per-token records staged) longer still.
 int32_t MaxPartitionSize(const CacheGeometry& geo, bool tensor_cores);
 
+// The longest third of the context the host may pick where it weighs
+// thirds (PartitionStepTokens), which may exceed MaxPartitionSize: 16-bit
+// caches halve up to 2048 tokens (4096 measured 5-13% slower, docs/
+// PERF_NOTES.md session 24) but take 2752-token thirds of 8192; 0 elsewhere.
+int32_t MaxThirdPartitionSize(const CacheGeometry& geo, bool tensor_cores);
+
 // The step a third of the context is rounded up to where the host weighs
-// thirds for that kernel (the tensor-core kernel with 8-bit codes: 32
-// tokens, one warp's step), or 0: halves only. Rounding to a step of all
-// four warps (128) instead leaves no warp idle in a partition's last step
-// but makes the thirds less even (8192 tokens: 2816 + 2816 + 2560 against
-// 2752 + 2752 + 2688), which measured 0.1-0.4% slower for FP8 and INT8 at
-// 128-512 sequences (docs/PERF_NOTES.md, session 18).
+// thirds for that kernel (the tensor-core kernel with codes in registers:
+// 32 tokens, one warp's step of 8-bit codes, two of 16-bit ones, since
+// partition sizes are multiples of 32), or 0: halves only. Rounding to a
+// step of all four warps (128) instead leaves no warp idle in a
+// partition's last step but makes the thirds less even (8192 tokens:
+// 2816 + 2816 + 2560 against 2752 + 2752 + 2688), which measured 0.1-0.4%
+// slower for FP8 and INT8 at 128-512 sequences (docs/PERF_NOTES.md,
+// session 18).
 int32_t PartitionStepTokens(const CacheGeometry& geo, bool tensor_cores);
 
 // Whether that kernel writes out and lse itself for a sequence shorter

@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   // The first steps' loads, right after the block ids: with a ring, the
   // steps of stages 0 .. kStages - 2 (one cp.async group each, empty past
   // the partition's end), else the first step into registers.
-  auto load_first_steps = [&]() {
+  auto load_first_steps = [&](const int first) {
     if constexpr (kRing) {
 #pragma unroll
       for (int i = 0; i + 1 < kStages; ++i) {
@@ -522,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         CpAsyncCommit();
       }
     } else {
-      load_step(warp * kStep, 0, true, true);
+      load_step(first, 0, true, true);
     }
   };
   // Register path: each step's loads are issued one step ahead, which ncu
@@ -555,10 +555,19 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       }
     }
   };
+  // The warp's step (s0) and its next one (nxt), every kWarps-th step of
+  // the partition. The register path carries the next step in a register
+  // instead of forming s0 + kWarps * kStep at each use: BF16 in 2752-token
+  // partitions measured 0.5-1.8% faster (docs/PERF_NOTES.md, session 26).
+  // The ring keeps its own loop as it was (with nxt live its registers
+  // grew from 195 to 197).
+  int s0 = 0, nxt = 0;
   // A pass's first loads, and the prefetches of the steps before the first
   // one the loop issues.
   auto start_pass = [&]() {
-    load_first_steps();
+    s0 = warp * kStep;
+    nxt = s0 + kWarps * kStep;
+    load_first_steps(s0);
     for (int i = 1; i < pf_steps; ++i) prefetch_step((warp + i * kWarps) * kStep);
   };
   start_pass();
@@ -780,7 +789,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         }
       }
 
-      if constexpr (!kRing) load_step(s0 + kWarps * kStep, 0, true, false);  // kraw is free again
+      if constexpr (!kRing) load_step(nxt, 0, true, false);  // kraw is free again
 
       // ---- Logits (log2 units): K scale, soft-cap, ALiBi, masks; the
       // step's row maxima. The token records serve the P stage too.
@@ -1001,12 +1010,13 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
           }
         }
       }
-      if constexpr (!kRing) load_step(s0 + kWarps * kStep, 0, false, true);  // vraw is free again
+      if constexpr (!kRing) load_step(nxt, 0, false, true);  // vraw is free again
     };
 
     int stage = 0;  // the ring stage of step s0
 #pragma unroll 1
-    for (int s0 = warp * kStep; s0 < st.n_valid; s0 += kWarps * kStep) {
+    for (; s0 < st.n_valid;
+         s0 = kRing ? s0 + kWarps * kStep : nxt, nxt += kRing ? 0 : kWarps * kStep) {
       if (pf_ahead > 0) prefetch_step(s0 + pf_ahead);
       const bool fast = plain && q_scale > 0.0f && s0 + kStep <= st.n_valid && s0 >= vis_lo &&
                         s0 + kStep - 1 <= vis_hi;

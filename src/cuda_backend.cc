@@ -215,10 +215,10 @@ class CudaBackend final : public Backend {
   // Partition size: the largest of MaxPartitionSize..32 (512 for the
   // thread-group kernel, 2048 for the tensor-core one, 4096 with 8-bit codes,
   // 8192 with its ring) whose shared memory fits the kernel's resident blocks
-  // on an SM, a half of it or (PartitionStepTokens) a third of the context,
-  // by the wave model of src/decode_partition.h with this device's SMs and
-  // the kernel's wave slots (DecodeWaveBlocksPerSm). Depends on capacities
-  // only.
+  // on an SM, a half of it or (PartitionStepTokens) a third of the context
+  // (up to MaxThirdPartitionSize where that fits too), by the wave model of
+  // src/decode_partition.h with this device's SMs and the kernel's wave
+  // slots (DecodeWaveBlocksPerSm). Depends on capacities only.
   DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
     DecodeShape s;
     s.max_num_seqs = cap.max_num_seqs;
@@ -252,13 +252,20 @@ class CudaBackend final : public Backend {
       p = largest_fitting(max_shared_per_block_);  // fewer blocks per SM, then
     }
     const int64_t slots = int64_t{num_sms_} * kernels::DecodeWaveBlocksPerSm(geo, rows, tc);
+    // A third of the context may be longer than the halves (16-bit caches),
+    // where its shared memory fits the resident blocks too.
+    int32_t largest_third = kernels::MaxThirdPartitionSize(geo, tc);
+    if (largest_third > 0 &&
+        kernels::DecodeSharedBytes(geo, rows, largest_third, tc) > resident_budget) {
+      largest_third = p;
+    }
     const int32_t forced = PartitionFromEnvironment();
     p = forced > 0 && (forced <= p ||
                        kernels::DecodeSharedBytes(geo, rows, forced, tc) <= resident_budget)
             ? forced
             : PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads,
                                    cap.max_context_len, slots,
-                                   kernels::PartitionStepTokens(geo, tc));
+                                   kernels::PartitionStepTokens(geo, tc), largest_third);
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
     return s;

@@ -64,9 +64,26 @@ TEST(DecodePartition, ThirdsWhereTheyFillWaves) {
   EXPECT_EQ(PartitionSizeByWaves(2048, 128, 8192, kSms * 3, 64), 1024);
 }
 
+// 16-bit caches (docs/PERF_NOTES.md, session 26): halves up to 2048 tokens,
+// thirds rounded to 32 tokens up to 4096. The seed shape
+// takes thirds from 128 rows on, halves below, as measured on the H100.
+TEST(DecodePartition, SixteenBitThirdsPastTheHalves) {
+  struct Case {
+    int64_t rows;
+    int32_t want;
+  };
+  const Case cases[] = {{32, 1024}, {64, 2048}, {128, 2752}, {256, 2752}, {512, 2752}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrFormat("%d rows", c.rows));
+    EXPECT_EQ(PartitionSizeByWaves(2048, c.rows, 8192, kSms * 3, 32, 4096), c.want);
+  }
+  // A third past `largest_third` is not a candidate: 16384 / 3 > 4096.
+  EXPECT_EQ(PartitionSizeByWaves(2048, 128, 16384, kSms * 3, 32, 4096), 2048);
+}
+
 // Whatever the inputs: a power-of-two fraction of `largest` or the third
-// of the context rounded up to the step (and under `largest`), never under
-// 64 unless `largest` is.
+// of the context rounded up to the step (and under `largest` or
+// `largest_third`), never under 64 unless `largest` is.
 TEST(DecodePartition, Invariants) {
   std::mt19937 rng(std::random_device{}());
   int thirds = 0;  // draws that picked the third: the branch is exercised
@@ -75,11 +92,12 @@ TEST(DecodePartition, Invariants) {
     const int64_t rows = 1 + rng() % 4096;
     const int32_t context = 1 + static_cast<int32_t>(rng() % 131072);
     const int64_t slots = static_cast<int64_t>(rng() % 2000);  // 0 counts as 1
-    const int32_t step = (rng() % 2) * (int32_t{32} << (rng() % 4));  // 0 or 32 .. 256
-    SCOPED_TRACE(absl::StrFormat("largest %d rows %d context %d slots %d step %d", largest, rows,
-                                 context, slots, step));
-    const int32_t p = PartitionSizeByWaves(largest, rows, context, slots, step);
-    ASSERT_LE(p, largest);
+    const int32_t step = (rng() % 2) * (int32_t{16} << (rng() % 5));  // 0 or 16 .. 256
+    const int32_t largest_third = (rng() % 2) * (int32_t{32} << (rng() % 8));  // 0 or 32 .. 4096
+    SCOPED_TRACE(absl::StrFormat("largest %d rows %d context %d slots %d step %d third <= %d",
+                                 largest, rows, context, slots, step, largest_third));
+    const int32_t p = PartitionSizeByWaves(largest, rows, context, slots, step, largest_third);
+    ASSERT_TRUE(p <= largest || (step > 0 && p < largest_third && p % step == 0)) << p;
     const bool halved = largest % p == 0 && (p & (p - 1)) == 0;
     const int64_t third = std::max<int64_t>(
         64, ((context + 2) / 3 + step - 1) / std::max(step, 1) * std::max(step, 1));
