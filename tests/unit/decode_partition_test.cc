@@ -64,9 +64,10 @@ TEST(DecodePartition, ThirdsWhereTheyFillWaves) {
   EXPECT_EQ(PartitionSizeByWaves(2048, 128, 8192, kSms * 3, 64), 1024);
 }
 
-// 16-bit caches (docs/PERF_NOTES.md, session 26): halves up to 2048 tokens,
-// thirds rounded to 32 tokens up to 4096. The seed shape
-// takes thirds from 128 rows on, halves below, as measured on the H100.
+// 16-bit caches (docs/PERF_NOTES.md, session 26): halves up to 2048
+// tokens, thirds rounded to 32 tokens up to 4096. The seed shape takes
+// thirds from 128 rows on and halves below, the sizes measured fastest
+// on the H100.
 TEST(DecodePartition, SixteenBitThirdsPastTheHalves) {
   struct Case {
     int64_t rows;
