@@ -130,8 +130,9 @@ int32_t MaxThirdPartitionSize(const CacheGeometry& geo, bool tensor_cores) {
 }
 
 int32_t PartitionStepTokens(const CacheGeometry& geo, bool tensor_cores) {
-  // Partition sizes are multiples of 32 (DecodeShape).
-  return WeighsThirds(geo, tensor_cores) ? std::max(decode::TcStepTokens(geo.k_dtype), 32) : 0;
+  return WeighsThirds(geo, tensor_cores)
+             ? std::max(decode::TcStepTokens(geo.k_dtype), kPartitionTokenMultiple)
+             : 0;
 }
 
 bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores) {
@@ -187,7 +188,7 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
   if (launch == nullptr || params.num_q_heads % g.num_kv_heads != 0 ||
       (shape.direct_output && !PartitionKernelWritesOutput(g, tc)) || params.query_len < 1 ||
       params.query_len > shape.max_query_len || shape.partition_size <= 0 ||
-      shape.partition_size % 32 != 0) {
+      shape.partition_size % kPartitionTokenMultiple != 0) {
     return cudaErrorInvalidValue;
   }
   if (params.num_seqs <= 0) return cudaSuccess;  // an empty batch: nothing to launch

@@ -104,7 +104,8 @@ int32_t MaxThirdPartitionSize(const CacheGeometry& geo, bool tensor_cores);
 // The step a third of the context is rounded up to where the host weighs
 // thirds for that kernel (the tensor-core kernel with codes in registers:
 // 32 tokens, one warp's step of 8-bit codes, two of 16-bit ones, since
-// partition sizes are multiples of 32), or 0: halves only. Rounding to a
+// partition sizes are multiples of kPartitionTokenMultiple), or 0: halves
+// only. Rounding to a
 // step of all four warps (128) instead leaves no warp idle in a
 // partition's last step but makes the thirds less even (8192 tokens:
 // 2816 + 2816 + 2560 against 2752 + 2752 + 2688), which measured 0.1-0.4%

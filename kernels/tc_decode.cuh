@@ -1015,8 +1015,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 
     int stage = 0;  // the ring stage of step s0
 #pragma unroll 1
-    for (; s0 < st.n_valid;
-         s0 = kRing ? s0 + kWarps * kStep : nxt, nxt += kRing ? 0 : kWarps * kStep) {
+    while (s0 < st.n_valid) {
       if (pf_ahead > 0) prefetch_step(s0 + pf_ahead);
       const bool fast = plain && q_scale > 0.0f && s0 + kStep <= st.n_valid && s0 >= vis_lo &&
                         s0 + kStep - 1 <= vis_hi;
@@ -1026,6 +1025,12 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         step(s0, stage, std::false_type{});
       }
       stage = stage + 1 == kStages ? 0 : stage + 1;
+      if constexpr (kRing) {
+        s0 += kWarps * kStep;
+      } else {
+        s0 = nxt;
+        nxt += kWarps * kStep;
+      }
     }
     // Nothing is in flight past the last step (loads stop at n_valid), but
     // the ring slice becomes this warp's O block below: every lane done

@@ -184,7 +184,10 @@ class CudaBackend final : public Backend {
     static const int32_t size = [] {
       const char* v = std::getenv("KVPAGE_DECODE_PARTITION");
       int32_t n = 0;
-      if (v == nullptr || !absl::SimpleAtoi(v, &n) || n < 32 || n % 32 != 0) return 0;
+      if (v == nullptr || !absl::SimpleAtoi(v, &n) || n < kPartitionTokenMultiple ||
+          n % kPartitionTokenMultiple != 0) {
+        return 0;
+      }
       return n;
     }();
     return size;

@@ -27,11 +27,11 @@ constexpr double kPartitionOverheadTokens = 256;
 // between two and four partitions a sequence that halving leaves: 128
 // sequences of 8192 tokens in thirds are 384 blocks, one wave of 396 slots
 // (measured 1-5% faster than halves at 128-512 sequences on an H100,
-// docs/PERF_NOTES.md, session 17). A third may exceed `largest` up to
-// `largest_third` (0: `largest`), where the kernel holds longer partitions
-// than its halves are measured at (16-bit caches: halves up to 2048,
-// thirds up to 4096). Ties keep the longer partition; `largest` under 64
-// is kept.
+// docs/PERF_NOTES.md, session 17). A third may exceed `largest` up to and
+// including `largest_third` (0: none past `largest`), where the kernel
+// holds longer partitions than its halves are measured at (16-bit caches:
+// halves up to 2048, thirds up to 4096). Ties keep the longer partition;
+// `largest` under 64 is kept.
 inline int32_t PartitionSizeByWaves(int32_t largest, int64_t grid_rows, int32_t max_context_len,
                                     int64_t slots, int32_t step = 0, int32_t largest_third = 0) {
   slots = std::max<int64_t>(1, slots);
@@ -50,7 +50,7 @@ inline int32_t PartitionSizeByWaves(int32_t largest, int64_t grid_rows, int32_t 
   if (step > 0 && largest >= 64) {
     const int64_t third = (int64_t{max_context_len} + 2) / 3;
     const int64_t p = std::max<int64_t>(64, (third + step - 1) / step * step);
-    if (p < std::max(largest, largest_third)) consider(static_cast<int32_t>(p));
+    if (p < largest || p <= largest_third) consider(static_cast<int32_t>(p));
   }
   return best;
 }

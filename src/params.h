@@ -84,12 +84,16 @@ struct DecodeParams {
 // docs/PERF_NOTES.md); tests force one or the other.
 enum class DecodePath : int32_t { kAuto = 0, kThreadGroup = 1, kTensorCore = 2 };
 
+// Split-K partition sizes are multiples of this many tokens (the kernels'
+// steps and spans divide it).
+constexpr int32_t kPartitionTokenMultiple = 32;
+
 // The launch shape of a decode: fixed by the decoder's capacities (and the
 // device's SM count) when it is created, never by a batch's lengths.
 struct DecodeShape {
   int32_t max_num_seqs = 0;
   int32_t max_query_len = 1;
-  int32_t partition_size = 0;   // tokens per split-K partition, a multiple of 32
+  int32_t partition_size = 0;   // tokens per split-K partition (kPartitionTokenMultiple)
   int32_t max_partitions = 0;   // ceil(max_context_len / partition_size)
   DecodePath path = DecodePath::kAuto;
   // The partition kernel writes out and lse itself for a sequence shorter

@@ -46,6 +46,7 @@
 
 #include "gtest/gtest.h"
 #include "src/backend.h"
+#include "src/decode_partition.h"
 #include "src/formats.h"
 #include "src/geometry.h"
 #include "src/params.h"
@@ -553,6 +554,43 @@ Case RandomCase(std::mt19937 &rng, DType k, DType v, int D, int bs) {
 #define KVPAGE_REQUIRE_GPU() \
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present"
 
+// The longest partition the host may pick for the tensor-core kernel of
+// `geo`: its halves' limit, or a third of the context up to
+// MaxThirdPartitionSize (16-bit caches: 4096 against 2048).
+int32_t LongestTcPartition(const CacheGeometry &geo) {
+  return std::max(kernels::MaxPartitionSize(geo, true), kernels::MaxThirdPartitionSize(geo, true));
+}
+
+// ---- The host's partition sizes (no GPU needed) ----------------------------
+
+// What Shape() hands the wave model for each kernel (src/cuda_backend.cc):
+// thirds of the context for the register-path tensor-core kernels, 16- and
+// 8-bit codes alike, rounded to 32 tokens (2752 of 8192 at 128 KV-head
+// rows on 132 SMs x 3 blocks, where halves leave a partial wave), and past
+// the 16-bit halves' 2048; none for INT4's ring or the thread-group kernel.
+TEST(CudaDecodeShape, ThirdsForCodesInRegisters) {
+  for (DType t : {DType::kBF16, DType::kFP16, DType::kFP8E4M3, DType::kINT8, DType::kINT4}) {
+    CacheGeometry geo;
+    geo.head_size = 128;
+    geo.block_size = 16;
+    geo.num_kv_heads = 1;
+    geo.k_dtype = geo.v_dtype = t;
+    SCOPED_TRACE(DTypeName(t));
+    const bool ring = t == DType::kINT4;
+    const int32_t step = kernels::PartitionStepTokens(geo, true);
+    const int32_t third_limit = kernels::MaxThirdPartitionSize(geo, true);
+    EXPECT_EQ(step, ring ? 0 : 32);
+    EXPECT_EQ(third_limit, ring ? 0 : 4096);
+    EXPECT_EQ(kernels::PartitionStepTokens(geo, false), 0);
+    EXPECT_EQ(kernels::MaxThirdPartitionSize(geo, false), 0);
+    if (!ring) {
+      EXPECT_EQ(PartitionSizeByWaves(kernels::MaxPartitionSize(geo, true), 128, 8192, 132 * 3,
+                                     step, third_limit),
+                2752);
+    }
+  }
+}
+
 // ---- A small set for the sanitizers -------------------------------------
 
 TEST(CudaDecodeSmall, EveryDtypeShort) {
@@ -892,15 +930,15 @@ TEST(CudaDecode, LongContext) {
       c.query_len = 1;
       c.out_dtype = DType::kFP32;
       // The tensor-core path at the longest partition the host may pick for
-      // it (2048, 4096 with a ring): the longest accumulation per warp,
-      // where a precision loss in the FP32 accumulators shows (it did once:
-      // biased V codes).
+      // it (LongestTcPartition: 4096, 8192 with a ring): the longest
+      // accumulation per warp, where a precision loss in the FP32
+      // accumulators shows (it did once: biased V codes).
       CacheGeometry geo;
       geo.head_size = c.head_size;
       geo.k_dtype = c.k;
       geo.v_dtype = c.v;
       c.partition_size =
-          path == DecodePath::kTensorCore ? kernels::MaxPartitionSize(geo, true) : 256;
+          path == DecodePath::kTensorCore ? LongestTcPartition(geo) : 256;
       c.lens = {33000, 1000};
       c.path = path;
       RunCase(c);
@@ -937,7 +975,7 @@ TEST(CudaDecode, VScalesAlongTheSequence) {
         geo.head_size = c.head_size;
         geo.k_dtype = c.k;
         geo.v_dtype = c.v;
-        c.partition_size = bs == 16 ? kernels::MaxPartitionSize(geo, true) : 256;
+        c.partition_size = bs == 16 ? LongestTcPartition(geo) : 256;
         c.lens = {5000, 1200, 301, 64};
         RunCase(c);
         if (HasFailure()) return;

@@ -78,8 +78,10 @@ TEST(DecodePartition, SixteenBitThirdsPastTheHalves) {
     SCOPED_TRACE(absl::StrFormat("%d rows", c.rows));
     EXPECT_EQ(PartitionSizeByWaves(2048, c.rows, 8192, kSms * 3, 32, 4096), c.want);
   }
-  // A third past `largest_third` is not a candidate: 16384 / 3 > 4096.
+  // A third past `largest_third` is not a candidate: 16384 / 3 > 4096;
+  // one of exactly `largest_third` is (12288 / 3).
   EXPECT_EQ(PartitionSizeByWaves(2048, 128, 16384, kSms * 3, 32, 4096), 2048);
+  EXPECT_EQ(PartitionSizeByWaves(2048, 128, 12288, kSms * 3, 32, 4096), 4096);
 }
 
 // Whatever the inputs: a power-of-two fraction of `largest` or the third
@@ -98,7 +100,7 @@ TEST(DecodePartition, Invariants) {
     SCOPED_TRACE(absl::StrFormat("largest %d rows %d context %d slots %d step %d third <= %d",
                                  largest, rows, context, slots, step, largest_third));
     const int32_t p = PartitionSizeByWaves(largest, rows, context, slots, step, largest_third);
-    ASSERT_TRUE(p <= largest || (step > 0 && p < largest_third && p % step == 0)) << p;
+    ASSERT_TRUE(p <= largest || (step > 0 && p <= largest_third && p % step == 0)) << p;
     const bool halved = largest % p == 0 && (p & (p - 1)) == 0;
     const int64_t third = std::max<int64_t>(
         64, ((context + 2) / 3 + step - 1) / std::max(step, 1) * std::max(step, 1));
