@@ -14,6 +14,7 @@
 #include "kernels/launch.h"
 #include "kernels/paged_decode.cuh"
 #include "kernels/tc_decode.cuh"
+#include "kernels/tc_staged_decode.cuh"
 
 namespace kvpage {
 namespace kernels {
@@ -30,6 +31,8 @@ KVPAGE_TC_DECODE_FOR_EACH_HEAD_SIZE(KVPAGE_TC_DECODE_DECLARE_EXTERN, DType::kFP1
 KVPAGE_TC_DECODE_FOR_EACH_HEAD_SIZE(KVPAGE_TC_DECODE_DECLARE_EXTERN, DType::kFP8E4M3)
 KVPAGE_TC_DECODE_FOR_EACH_HEAD_SIZE(KVPAGE_TC_DECODE_DECLARE_EXTERN, DType::kINT8)
 KVPAGE_TC_DECODE_FOR_EACH_HEAD_SIZE(KVPAGE_TC_DECODE_DECLARE_EXTERN, DType::kINT4)
+KVPAGE_TC_STAGED_DECODE_DECLARE_EXTERN(DType::kBF16)
+KVPAGE_TC_STAGED_DECODE_DECLARE_EXTERN(DType::kFP16)
 
 namespace {
 
@@ -79,8 +82,34 @@ LaunchFn SelectPartitionLauncher(DType k_dtype, int head_size) {
   }
 }
 
+// The staged kernel's launcher (StagedSupports says where it exists).
+using StagedLaunchFn = int (*)(const DecodeParams&, const DecodeShape&, const DecodeWorkspace&,
+                               cudaStream_t);
+StagedLaunchFn SelectStagedLauncher(DType k_dtype) {
+  return k_dtype == DType::kBF16   ? &LaunchTcStagedKernel<DType::kBF16, 128>
+         : k_dtype == DType::kFP16 ? &LaunchTcStagedKernel<DType::kFP16, 128>
+                                   : nullptr;
+}
+
 }  // namespace
 }  // namespace decode
+
+bool StagedDecodeSupports(const CacheGeometry& geo, int32_t rows) {
+  return decode::StagedSupports(geo, rows) && decode::SelectStagedLauncher(geo.k_dtype) != nullptr;
+}
+
+size_t StagedDecodeSharedBytes(const CacheGeometry& geo, int32_t partition_size) {
+  return static_cast<size_t>(decode::StagedSharedBytes(geo.head_size, partition_size));
+}
+
+int StagedDecodeBlocksPerSm() { return decode::kStagedBlocksPerSm; }
+
+// 4096-token partitions (two of 8192: one wave of 256 blocks at 128
+// sequences on 132 SMs) measured fastest at 128-512 sequences in the
+// prototype (docs/PERF_NOTES.md, session 27).
+int32_t StagedMaxPartitionSize() { return 4096; }
+
+int32_t StagedPartitionStepTokens() { return decode::kStagedStageTokens; }
 
 bool TensorCoreDecodeSupports(const CacheGeometry& geo) {
   return geo.k_dtype == geo.v_dtype &&
@@ -185,7 +214,9 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
          : decode::SelectPartitionLauncher<false>(g.k_dtype, g.head_size);
   // direct_output promises what only some kernels do (the reduce skips
   // rows, or is not launched, on its word).
-  if (launch == nullptr || params.num_q_heads % g.num_kv_heads != 0 ||
+  const bool staged_ok = !shape.staged || (tc && !shape.direct_output &&
+                                            StagedDecodeSupports(g, group * shape.max_query_len));
+  if (launch == nullptr || params.num_q_heads % g.num_kv_heads != 0 || !staged_ok ||
       (shape.direct_output && !PartitionKernelWritesOutput(g, tc)) || params.query_len < 1 ||
       params.query_len > shape.max_query_len || shape.partition_size <= 0 ||
       shape.partition_size % kPartitionTokenMultiple != 0) {
@@ -196,7 +227,10 @@ int LaunchDecode(const DecodeParams& params, const DecodeShape& shape,
   if (shape.max_partitions > 0) {
     const int32_t rows = group * params.query_len;
     const int err =
-        launch(params, shape, workspace, DecodeSharedBytes(g, rows, shape.partition_size, tc), s);
+        shape.staged
+            ? decode::SelectStagedLauncher(g.k_dtype)(params, shape, workspace, s)
+            : launch(params, shape, workspace, DecodeSharedBytes(g, rows, shape.partition_size, tc),
+                     s);
     if (err != cudaSuccess || decode::PartitionKernelOwnsOutput(shape)) return err;
   }
   const int64_t rows = int64_t{params.num_seqs} * params.query_len * params.num_q_heads;

@@ -122,6 +122,19 @@ bool PartitionKernelWritesOutput(const CacheGeometry& geo, bool tensor_cores);
 // bounds): the host sizes partitions so that the grid fills whole waves.
 int DecodeBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_cores);
 
+// The staged tensor-core kernel (kernels/tc_staged_decode.cuh, sm_90+;
+// DecodeShape::staged): whether it exists for this geometry and `rows`
+// query rows per KV head at capacity (16-bit K and V at block size 16,
+// head size 128, up to 8 rows), its dynamic shared memory for a partition
+// of `partition_size` tokens, its resident blocks per SM (also the wave
+// model's slots), the longest partition the host picks for it, and the
+// step a third of the context is rounded up to (a stage: 64 tokens).
+bool StagedDecodeSupports(const CacheGeometry& geo, int32_t rows);
+size_t StagedDecodeSharedBytes(const CacheGeometry& geo, int32_t partition_size);
+int StagedDecodeBlocksPerSm();
+int32_t StagedMaxPartitionSize();
+int32_t StagedPartitionStepTokens();
+
 // Blocks per SM the wave model counts as a wave's slots: the resident
 // blocks, but one for the tensor-core kernel with a ring (INT4 at head size
 // 128), where one block an SM streamed as fast as two and fewer, longer

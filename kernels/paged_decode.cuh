@@ -1107,20 +1107,20 @@ inline int EnsureDynamicSmem(const void* kernel, size_t bytes, std::atomic<size_
 // A partition kernel: grid (max_partitions, num_kv_heads, num_seqs).
 using PartitionKernelFn = void (*)(DecodeParams, DecodeShape, DecodeWorkspace);
 
-// Launches `kernel` with `smem_bytes` of dynamic shared memory, raising its
-// limit first where needed (`configured`: the kernel's own per-device
+// Launches `kernel` with `threads` a block and `smem_bytes` of dynamic
+// shared memory, raising its limit first where needed (`configured`: the kernel's own per-device
 // record, kMaxSmemDevices entries).
 constexpr int kMaxSmemDevices = 64;
 inline int LaunchPartitionGrid(PartitionKernelFn kernel, std::atomic<size_t>* configured,
                                const DecodeParams& p, const DecodeShape& shape,
                                const DecodeWorkspace& ws, size_t smem_bytes,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, int threads = kThreads) {
   const int err = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem_bytes, configured,
                                     kMaxSmemDevices);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(shape.max_partitions),
                   static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  return LaunchKernel(kernel, grid, dim3(kThreads), smem_bytes, stream, shape.dependent_launch, p,
+  return LaunchKernel(kernel, grid, dim3(threads), smem_bytes, stream, shape.dependent_launch, p,
                       shape, ws);
 }
 

@@ -175,6 +175,13 @@ class CudaBackend final : public Backend {
     static const bool on = DependentLaunchOn("KVPAGE_WRITE_PDL");
     return on;
   }
+  // KVPAGE_DECODE_STAGED=0 keeps the staged tensor-core kernel out (the
+  // register path runs instead; for comparisons, docs/PERF_NOTES.md).
+  // Read once per process.
+  static bool StagedDecodeFromEnvironment() {
+    static const bool on = DependentLaunchOn("KVPAGE_DECODE_STAGED");
+    return on;
+  }
 
   // KVPAGE_DECODE_PARTITION=N (a multiple of 32) replaces the wave model's
   // partition size with N wherever N fits the kernel's shared memory (for
@@ -217,11 +224,55 @@ class CudaBackend final : public Backend {
 
   // Partition size: the largest of MaxPartitionSize..32 (512 for the
   // thread-group kernel, 2048 for the tensor-core one, 4096 with 8-bit codes,
-  // 8192 with its ring) whose shared memory fits the kernel's resident blocks
-  // on an SM, a half of it or (PartitionStepTokens) a third of the context
-  // (up to MaxThirdPartitionSize where that fits too), by the wave model of
+  // 8192 with its ring; StagedMaxPartitionSize for the staged kernel) whose
+  // shared memory fits the kernel's resident blocks on an SM, a half of it
+  // or (PartitionStepTokens) a third of the context (up to
+  // MaxThirdPartitionSize where that fits too), by the wave model of
   // src/decode_partition.h with this device's SMs and the kernel's wave
   // slots (DecodeWaveBlocksPerSm). Depends on capacities only.
+  int32_t PartitionSize(const CacheGeometry& geo, const DecodeCapacity& cap, int32_t rows, bool tc,
+                        bool staged) const {
+    auto shared_bytes = [&](int32_t p) {
+      return staged ? kernels::StagedDecodeSharedBytes(geo, p)
+                    : kernels::DecodeSharedBytes(geo, rows, p, tc);
+    };
+    // The kernels' register budgets are cut for DecodeBlocksPerSm resident
+    // blocks: the partition's shared memory should let that many share an
+    // SM too, and must fit one block.
+    const int blocks_per_sm =
+        staged ? kernels::StagedDecodeBlocksPerSm() : kernels::DecodeBlocksPerSm(geo, rows, tc);
+    const size_t sm_share = shared_per_sm_ / blocks_per_sm;
+    const size_t resident_budget =
+        std::min(max_shared_per_block_,
+                 sm_share > reserved_shared_per_block_ ? sm_share - reserved_shared_per_block_ : 0);
+    auto largest_fitting = [&](size_t budget) {
+      int32_t p = staged ? kernels::StagedMaxPartitionSize() : kernels::MaxPartitionSize(geo, tc);
+      while (p > 32 && shared_bytes(p) > budget) p /= 2;
+      return p;
+    };
+    int32_t p = largest_fitting(resident_budget);
+    if (shared_bytes(p) > resident_budget) {
+      p = largest_fitting(max_shared_per_block_);  // fewer blocks per SM, then
+    }
+    const int64_t slots =
+        int64_t{num_sms_} * (staged ? kernels::StagedDecodeBlocksPerSm()
+                                    : kernels::DecodeWaveBlocksPerSm(geo, rows, tc));
+    // A third of the context may be longer than the halves (16-bit caches),
+    // where its shared memory fits the resident blocks too.
+    int32_t largest_third =
+        staged ? kernels::StagedMaxPartitionSize() : kernels::MaxThirdPartitionSize(geo, tc);
+    if (largest_third > 0 && shared_bytes(largest_third) > resident_budget) largest_third = p;
+    const int32_t step =
+        staged ? kernels::StagedPartitionStepTokens() : kernels::PartitionStepTokens(geo, tc);
+    const int32_t forced = PartitionFromEnvironment();
+    return forced > 0 && (forced <= p || shared_bytes(forced) <= resident_budget)
+               ? forced
+               : PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads,
+                                      cap.max_context_len, slots, step, largest_third);
+  }
+
+  // The decode's launch shape, from capacities only: the partition kernel
+  // (DecodeUsesTensorCores, staged or not) and its PartitionSize.
   DecodeShape Shape(const CacheGeometry& geo, const DecodeCapacity& cap) const {
     DecodeShape s;
     s.max_num_seqs = cap.max_num_seqs;
@@ -236,39 +287,21 @@ class CudaBackend final : public Backend {
     s.prefetch_k_steps = pf_k >= 0 ? pf_k : pf_default;
     s.prefetch_v_steps = pf_v >= 0 ? pf_v : pf_default;
     const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
-    s.direct_output = kernels::PartitionKernelWritesOutput(geo, tc);
-    // The kernels' register budgets are cut for DecodeBlocksPerSm resident
-    // blocks: the partition's shared memory should let that many share an
-    // SM too, and must fit one block.
-    const int blocks_per_sm = kernels::DecodeBlocksPerSm(geo, rows, tc);
-    const size_t sm_share = shared_per_sm_ / blocks_per_sm;
-    const size_t resident_budget =
-        std::min(max_shared_per_block_,
-                 sm_share > reserved_shared_per_block_ ? sm_share - reserved_shared_per_block_ : 0);
-    auto largest_fitting = [&](size_t budget) {
-      int32_t p = kernels::MaxPartitionSize(geo, tc);
-      while (p > 32 && kernels::DecodeSharedBytes(geo, rows, p, tc) > budget) p /= 2;
-      return p;
-    };
-    int32_t p = largest_fitting(resident_budget);
-    if (kernels::DecodeSharedBytes(geo, rows, p, tc) > resident_budget) {
-      p = largest_fitting(max_shared_per_block_);  // fewer blocks per SM, then
+    // The staged kernel where it exists (sm_90+) and its grid is one wave
+    // of its 2 blocks an SM: there it measured 1-3% faster than the
+    // register path (BF16 and FP16, 32-128 sequences of 8192 tokens); on
+    // longer grids 0-2% slower, where its prototype was faster (not
+    // explained yet; docs/PERF_NOTES.md, session 27).
+    s.staged = false;
+    if (tc && cc_major_ >= 9 && StagedDecodeFromEnvironment() &&
+        kernels::StagedDecodeSupports(geo, rows)) {
+      const int32_t p = PartitionSize(geo, cap, rows, tc, true);
+      const int64_t blocks = int64_t{cap.max_num_seqs} * geo.num_kv_heads *
+                             ((cap.max_context_len + p - 1) / p);
+      s.staged = blocks <= int64_t{num_sms_} * kernels::StagedDecodeBlocksPerSm();
     }
-    const int64_t slots = int64_t{num_sms_} * kernels::DecodeWaveBlocksPerSm(geo, rows, tc);
-    // A third of the context may be longer than the halves (16-bit caches),
-    // where its shared memory fits the resident blocks too.
-    int32_t largest_third = kernels::MaxThirdPartitionSize(geo, tc);
-    if (largest_third > 0 &&
-        kernels::DecodeSharedBytes(geo, rows, largest_third, tc) > resident_budget) {
-      largest_third = p;
-    }
-    const int32_t forced = PartitionFromEnvironment();
-    p = forced > 0 && (forced <= p ||
-                       kernels::DecodeSharedBytes(geo, rows, forced, tc) <= resident_budget)
-            ? forced
-            : PartitionSizeByWaves(p, int64_t{cap.max_num_seqs} * geo.num_kv_heads,
-                                   cap.max_context_len, slots,
-                                   kernels::PartitionStepTokens(geo, tc), largest_third);
+    s.direct_output = !s.staged && kernels::PartitionKernelWritesOutput(geo, tc);
+    const int32_t p = PartitionSize(geo, cap, rows, tc, s.staged);
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
     return s;

@@ -112,6 +112,12 @@ struct DecodeShape {
   // the CUDA backend's Shape() sets one each on sm_90+).
   int32_t prefetch_k_steps = 0;
   int32_t prefetch_v_steps = 0;
+  // The tensor-core decode runs the staged kernel (sm_90+, where
+  // kernels::StagedDecodeSupports: 16-bit K and V at block size 16, head
+  // size 128, up to 8 rows per KV head): a producer warp copies each stage
+  // of 4 blocks into shared memory with the copy engine and four warps
+  // share it. Its partitions are multiples of 16 tokens; no direct_output.
+  bool staged = false;
 };
 
 // Split-K scratch, carved from the decoder's workspace (all FP32):

@@ -53,6 +53,18 @@ __device__ __forceinline__ uint32_t TransposeM8N8(uint32_t x) {
   return y;
 }
 
+// Four 8x8 matrices of 16-bit values from shared memory, one register each,
+// laid out as TransposeM8N8's input: lane l names row l % 8 of matrix l / 8
+// (16 contiguous bytes at `row_address`, a shared-space address). With
+// matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols
+// 8-15), (rows 8-15, cols 8-15) of a 16x16 tile, the registers are that
+// tile's A operand of MmaM16N8K16 (sm_75+).
+__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], uint32_t row_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(row_address));
+}
+
 // Two floats rounded to nearest-even FP16 (kBf16: BF16), `lo` in the low
 // half: one cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32.
 template <bool kBf16>

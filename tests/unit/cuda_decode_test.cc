@@ -71,6 +71,16 @@ constexpr DType kIoDTypes[] = {DType::kFP32, DType::kFP16, DType::kBF16};
 
 int ElemBytes(DType t) { return t == DType::kFP32 ? 4 : 2; }
 
+// The compute capability's major version of device 0 (0 without one).
+int GpuComputeMajor() {
+  int n = 0, major = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
+    return 0;
+  }
+  return major;
+}
+
 // One decode problem.
 struct Case {
   DType k = DType::kBF16;
@@ -90,6 +100,10 @@ struct Case {
   float sm_scale = 0;  // 0: 1/sqrt(D)
   int partition_size = 256;
   DecodePath path = DecodePath::kAuto;  // forced where the kernel exists
+  // The staged tensor-core kernel (sm_90+, where it exists): -1 as the host
+  // picks it, but one case in four on the register path instead; 0 off; 1
+  // on (the test checks that it exists).
+  int staged = -1;
   std::vector<int32_t> lens;
   // Capacities beyond the batch (the launch shape must not depend on it).
   int extra_seqs = 0;
@@ -110,7 +124,8 @@ struct Case {
        << " bs=" << block_size << " kv_heads=" << num_kv_heads << " group=" << group
        << " qlen=" << query_len << " q=" << DTypeName(q_dtype) << " out=" << DTypeName(out_dtype)
        << " P=" << partition_size << " alibi=" << alibi << " smooth=" << smoothing << " lse=" << lse
-       << " path=" << static_cast<int>(path) << " window=" << window << " cap=" << soft_cap
+       << " path=" << static_cast<int>(path) << " staged=" << staged << " window=" << window
+       << " cap=" << soft_cap
        << " scale=" << sm_scale << " extra(seqs,qlen,ctx)=" << extra_seqs << "," << extra_query_len
        << "," << extra_context << " pad(q,out)=" << q_pad << "," << out_pad << " lens=[";
     for (size_t i = 0; i < lens.size(); ++i) os << (i ? "," : "") << lens[i];
@@ -348,8 +363,13 @@ void RunCase(const Case &c) {
   // Mostly as the host launches on sm_90+: both kernels programmatic
   // dependents (the partition kernel of the delayed q copy below).
   shape.dependent_launch = rng() % 4 != 0;
-  shape.direct_output = kernels::PartitionKernelWritesOutput(
-      geo, kernels::DecodeUsesTensorCores(geo, c.group * shape.max_query_len, c.path));
+  const int32_t cap_rows = c.group * shape.max_query_len;
+  const bool tc = kernels::DecodeUsesTensorCores(geo, cap_rows, c.path);
+  const bool staged_exists =
+      tc && GpuComputeMajor() >= 9 && kernels::StagedDecodeSupports(geo, cap_rows);
+  if (c.staged == 1) ASSERT_TRUE(staged_exists) << "no staged kernel for this case";
+  shape.staged = staged_exists && (c.staged == 1 || (c.staged == -1 && rng() % 4 != 0));
+  shape.direct_output = !shape.staged && kernels::PartitionKernelWritesOutput(geo, tc);
   const size_t partials = static_cast<size_t>(shape.max_num_seqs) * shape.max_query_len * hq *
                           std::max(shape.max_partitions, 1);
   DeviceBuffer d_cache(cache.size()), d_q(q.size()), d_q_src(q.size()), d_out(out_bytes),
@@ -591,6 +611,42 @@ TEST(CudaDecodeShape, ThirdsForCodesInRegisters) {
   }
 }
 
+// Where the staged kernel exists (sm_90+ decides at run time, in Shape()):
+// 16-bit K = V dtype at head size 128 and block size 16, 1-8 rows per KV
+// head; and the partition the host picks for it at the seed shape's 128
+// sequences on 132 SMs x 2 blocks: 4096 tokens, one wave of 256 blocks.
+TEST(CudaDecodeShape, StagedKernelDomain) {
+  for (DType t : kCacheDTypes) {
+    for (int D : kHeadSizes) {
+      for (int bs : kBlockSizes) {
+        CacheGeometry geo;
+        geo.head_size = D;
+        geo.block_size = bs;
+        geo.num_kv_heads = 1;
+        geo.k_dtype = geo.v_dtype = t;
+        const bool domain = !IsQuantized(t) && D == 128 && bs == 16;
+        for (int rows : {1, 2, 8, 9, 16}) {
+          EXPECT_EQ(kernels::StagedDecodeSupports(geo, rows), domain && rows <= 8)
+              << DTypeName(t) << " D=" << D << " bs=" << bs << " rows=" << rows;
+        }
+      }
+    }
+  }
+  CacheGeometry mixed;
+  mixed.head_size = 128;
+  mixed.block_size = 16;
+  mixed.num_kv_heads = 1;
+  mixed.k_dtype = DType::kBF16;
+  mixed.v_dtype = DType::kFP16;
+  EXPECT_FALSE(kernels::StagedDecodeSupports(mixed, 8));
+  EXPECT_EQ(kernels::StagedPartitionStepTokens(), 64);
+  EXPECT_EQ(PartitionSizeByWaves(kernels::StagedMaxPartitionSize(), 128, 8192,
+                                 132 * kernels::StagedDecodeBlocksPerSm(),
+                                 kernels::StagedPartitionStepTokens(),
+                                 kernels::StagedMaxPartitionSize()),
+            4096);
+}
+
 // ---- A small set for the sanitizers -------------------------------------
 
 TEST(CudaDecodeSmall, EveryDtypeShort) {
@@ -777,6 +833,38 @@ TEST(CudaDecode, OptionsAndIoDtypes) {
       if (HasFailure()) return;
     }
   }
+}
+
+// The staged kernel (sm_90+) over its domain: BF16 / FP16 at head size 128
+// and block size 16, up to 8 rows per KV head (GQA groups 1-8, multi-token
+// queries), every option at random, partition sizes that are and are not
+// multiples of its 64-token stage, and lengths that end inside a stage, a
+// block, or right at their ends.
+TEST(CudaDecode, StagedEveryOption) {
+  KVPAGE_REQUIRE_GPU();
+  if (GpuComputeMajor() < 9) GTEST_SKIP() << "the staged kernel needs sm_90+";
+  KVPAGE_SEEDED_RNG(rng);
+  const int shapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {8, 1}, {1, 8}, {2, 4}, {4, 2}, {3, 2}};
+  for (DType t : {DType::kBF16, DType::kFP16}) {
+    for (const auto &gq : shapes) {
+      for (int rep = 0; rep < 3; ++rep) {
+        Case c = RandomCase(rng, t, t, 128, 16);
+        c.group = gq[0];
+        c.query_len = gq[1];
+        c.extra_query_len = 0;
+        c.path = DecodePath::kTensorCore;
+        c.staged = 1;
+        const int sizes[] = {32, 96, 256, 2752, 4096};
+        c.partition_size = sizes[rng() % 5];
+        c.lens = BoundaryLens(rng, 16, c.partition_size, c.query_len,
+                              1 + static_cast<int>(rng() % 3), 2 * c.partition_size + 40);
+        c.lens.push_back(64 * (1 + static_cast<int>(rng() % 8)));  // ends on a stage
+        RunCase(c);
+        if (HasFailure()) return;
+      }
+    }
+  }
+  PrintWorstRatios();
 }
 
 // ---- Partition sizes and their boundaries --------------------------------
