@@ -1108,8 +1108,8 @@ inline int EnsureDynamicSmem(const void* kernel, size_t bytes, std::atomic<size_
 using PartitionKernelFn = void (*)(DecodeParams, DecodeShape, DecodeWorkspace);
 
 // Launches `kernel` with `threads` a block and `smem_bytes` of dynamic
-// shared memory, raising its limit first where needed (`configured`: the kernel's own per-device
-// record, kMaxSmemDevices entries).
+// shared memory, raising its limit first where needed (`configured`: the
+// kernel's own per-device record, kMaxSmemDevices entries).
 constexpr int kMaxSmemDevices = 64;
 inline int LaunchPartitionGrid(PartitionKernelFn kernel, std::atomic<size_t>* configured,
                                const DecodeParams& p, const DecodeShape& shape,

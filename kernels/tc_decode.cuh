@@ -229,6 +229,78 @@ __device__ __forceinline__ uint32_t KeepHalves(uint32_t x, bool lo, bool hi) {
   return x & ((lo ? 0x0000FFFFu : 0u) | (hi ? 0xFFFF0000u : 0u));
 }
 
+// What a partition's logits obey (used by the staged kernel; TcPartitionKernel
+// below keeps the same rules inline: written with these helpers, INT4's ring
+// kernel grew from 195 to 213 registers, docs/PERF_NOTES.md session 27): the soft-cap
+// (the scaled logit is divided by cap before tanh), ALiBi, the logit scale,
+// and the partition tokens every row sees whole (no window or causal cut):
+// steps inside [vis_lo, vis_hi] skip the masks.
+struct TcLogitRules {
+  float cap, q_scale;
+  bool alibi, plain;
+  int vis_lo, vis_hi;
+};
+__device__ __forceinline__ TcLogitRules MakeTcLogitRules(const DecodeParams &p,
+                                                         const PartitionState &st) {
+  TcLogitRules r;
+  r.cap = p.logits_soft_cap;
+  r.q_scale = r.cap > 0.0f ? p.sm_scale / r.cap : p.sm_scale;
+  r.alibi = p.alibi_slopes != nullptr;
+  r.plain = !r.alibi && !(r.cap > 0.0f);
+  r.vis_hi = st.len - p.query_len - st.start;
+  r.vis_lo = (p.sliding_window > 0 ? max(0, st.len - p.sliding_window) : 0) - st.start;
+  return r;
+}
+
+// What the masks need of query row `row` of the partition: its last
+// visible token (-1: a padding row sees nothing), its first (sliding
+// window), its ALiBi slope.
+struct TcRowMask {
+  int pos, lo;
+  float slope;
+};
+__device__ __forceinline__ TcRowMask MakeTcRowMask(const DecodeParams &p, const PartitionState &st,
+                                                   bool alibi, int row) {
+  const int gi = row / p.query_len;
+  const int i = row - gi * p.query_len;
+  const bool live = row < st.rows;
+  const int pos = st.len - p.query_len + i;
+  TcRowMask m;
+  m.pos = live ? pos : -1;
+  m.lo = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+  m.slope = (alibi && live) ? p.alibi_slopes[st.kvh * st.group + gi] : 0.0f;
+  return m;
+}
+
+// A logit y (log2 units, the row's factor applied) of token t through the
+// soft-cap, ALiBi and the row's mask (`in`: t is before the sequence end);
+// -inf where the row does not see t.
+__device__ __forceinline__ float MaskedLogit(float y, const TcLogitRules &r, const TcRowMask &m,
+                                             int t, bool in) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kLn2 = 0.6931471805599453f;
+  if (!r.plain) {
+    float l = y * kLn2;
+    if (r.cap > 0.0f) l = r.cap * tanhf(l);
+    if (r.alibi) l = fmaf(m.slope, static_cast<float>(t - m.pos), l);
+    y = l * kLog2e;
+  }
+  const bool visible = in && t >= m.lo && t <= m.pos;
+  return visible ? y : -INFINITY;
+}
+
+// The power of two q's row is scaled by before it is rounded to 16 bits:
+// its largest |element| `amax` lands in [2^14, 2^15) (1 for a zero or
+// non-finite row).
+__device__ __forceinline__ float QOperandScale(float amax) {
+  int qe = 0;
+  if (amax > 0.0f && isfinite(amax)) {
+    frexpf(amax, &qe);  // amax in [2^(qe-1), 2^qe)
+    qe = min(max(15 - qe, -100), 100);
+  }
+  return ldexpf(1.0f, qe);
+}
+
 // The partition's per-token scale records (TcRecordWords) -> rec, for the
 // slots up to n_valid rounded up to a step (zeros past the sequence end, so
 // no step reads outside). The entries of a block are contiguous (16-128

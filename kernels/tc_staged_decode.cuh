@@ -20,8 +20,8 @@
 //   - O^T = V^T P^T: warp w accumulates channels w D/4 .. (w + 1) D/4 over
 //     all 64 tokens (V's A operands by ldmatrix from [D][16 tokens]).
 // Registers stay few (O^T is D/4 channels x 8 rows a warp), so a thread
-// block of 160 threads and 3 stages of 32 KB (D = 128) runs 2 to an SM,
-// with 4 stages of copies in flight. Masks, ALiBi, soft-cap, sliding
+// block of 160 threads and 3 stages of 32 KB (D = 128) runs 2 to an SM:
+// 6 stages an SM, those not being computed on in flight. Masks, ALiBi, soft-cap, sliding
 // window and multi-token queries follow TcPartitionKernel's rules; stages
 // that every row sees whole skip them (the `fast` steps).
 #ifndef KVPAGE_KERNELS_TC_STAGED_DECODE_CUH_
@@ -144,14 +144,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
   const int grp = lane / 4;
   const int tig = lane % 4;
   const int qlen = p.query_len;
-  const float cap = p.logits_soft_cap;
-  const float q_scale = cap > 0.0f ? p.sm_scale / cap : p.sm_scale;
-  const bool alibi = p.alibi_slopes != nullptr;
-  const bool plain = !alibi && !(cap > 0.0f);
-  // Tokens of the partition that every row sees whole (no window or causal
-  // cut): stages inside [vis_lo, vis_hi] skip the masks.
-  const int vis_hi = st.len - qlen - st.start;
-  const int vis_lo = (p.sliding_window > 0 ? max(0, st.len - p.sliding_window) : 0) - st.start;
+  const TcLogitRules rules = MakeTcLogitRules(p, st);
 
   // The pass's q rows (times lambda) -> q_s, 8 channels a thread: one round
   // trip for all of them (element loads with a dtype switch each went one
@@ -197,12 +190,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
     }
     amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
-    int qe = 0;
-    if (amax > 0.0f && isfinite(amax)) {
-      frexpf(amax, &qe);  // amax in [2^(qe-1), 2^qe)
-      qe = min(max(15 - qe, -100), 100);
-    }
-    const float up = ldexpf(1.0f, qe);
+    const float up = QOperandScale(amax);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
@@ -217,25 +205,19 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
         any_lo |= (lo & 0x7FFF7FFFu) != 0u;
       }
     }
-    own_fac = q_scale / up * kLog2e;
+    own_fac = rules.q_scale / up * kLog2e;
   }
   // Every warp holds all of Q^T: the same vote in each.
   const bool q_split = __any_sync(kFullMask, any_lo);
 
   // The rows of this lane's accumulators: 2 tig + e.
-  float rfac[2], rslope[2];
-  int rpos[2], rlo[2];
+  float rfac[2];
+  TcRowMask rmask[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int row = 2 * tig + e;
     rfac[e] = __shfl_sync(kFullMask, own_fac, 4 * row);  // the lane that loaded that row's q
-    const int gi = row / qlen;
-    const int i = row - gi * qlen;
-    const bool live = row < st.rows;
-    const int pos = st.len - qlen + i;
-    rpos[e] = live ? pos : -1;  // a padding row sees nothing
-    rlo[e] = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
-    rslope[e] = (alibi && live) ? p.alibi_slopes[st.kvh * st.group + gi] : 0.0f;
+    rmask[e] = MakeTcRowMask(p, st, rules.alibi, row);
   }
 
   float o[kMTiles][4];
@@ -285,16 +267,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
       float v = sp[0][c] + sp[1][c];
       if constexpr (!kFast) {
         const int tt = s0 + kBS * w + grp + 8 * (c >> 1);
-        const int t = st.start + tt;
-        v *= rfac[e];
-        if (!plain) {
-          float l = v * kLn2;
-          if (cap > 0.0f) l = cap * tanhf(l);
-          if (alibi) l = fmaf(rslope[e], static_cast<float>(t - rpos[e]), l);
-          v = l * kLog2e;
-        }
-        const bool visible = tt < st.n_valid && t >= rlo[e] && t <= rpos[e];
-        v = visible ? v : -INFINITY;
+        v = MaskedLogit(v * rfac[e], rules, rmask[e], st.start + tt, tt < st.n_valid);
       }
       y[c] = v;
     }
@@ -380,8 +353,9 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
     MbarrierWait(&full[s], (k / kStagedStages) & 1);
     const int s0 = k * kStagedStageTokens;
     const uint32_t kbase = SharedAddress(stages + s * kStageBytes);
-    const bool fast = plain && q_scale > 0.0f && s0 + kStagedStageTokens <= st.n_valid &&
-                      s0 >= vis_lo && s0 + kStagedStageTokens - 1 <= vis_hi;
+    const bool fast = rules.plain && rules.q_scale > 0.0f &&
+                      s0 + kStagedStageTokens <= st.n_valid && s0 >= rules.vis_lo &&
+                      s0 + kStagedStageTokens - 1 <= rules.vis_hi;
     if (fast) {
       stage(s0, kbase, std::true_type{});
     } else {

@@ -292,16 +292,16 @@ class CudaBackend final : public Backend {
     // register path (BF16 and FP16, 32-128 sequences of 8192 tokens); on
     // longer grids 0-2% slower, where its prototype was faster (not
     // explained yet; docs/PERF_NOTES.md, session 27).
-    s.staged = false;
+    int32_t p = 0;
     if (tc && cc_major_ >= 9 && StagedDecodeFromEnvironment() &&
         kernels::StagedDecodeSupports(geo, rows)) {
-      const int32_t p = PartitionSize(geo, cap, rows, tc, true);
+      p = PartitionSize(geo, cap, rows, tc, true);
       const int64_t blocks = int64_t{cap.max_num_seqs} * geo.num_kv_heads *
                              ((cap.max_context_len + p - 1) / p);
       s.staged = blocks <= int64_t{num_sms_} * kernels::StagedDecodeBlocksPerSm();
     }
+    if (!s.staged) p = PartitionSize(geo, cap, rows, tc, false);
     s.direct_output = !s.staged && kernels::PartitionKernelWritesOutput(geo, tc);
-    const int32_t p = PartitionSize(geo, cap, rows, tc, s.staged);
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;
     return s;
