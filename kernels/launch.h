@@ -149,6 +149,12 @@ int DecodeWaveBlocksPerSm(const CacheGeometry& geo, int32_t rows, bool tensor_co
 size_t DecodeSharedBytes(const CacheGeometry& geo, int32_t rows, int32_t partition_size,
                          bool tensor_cores);
 
+// For tests: how many bytes past a 128-byte boundary the decode kernels'
+// dynamic shared memory starts (0 expected: kernels/paged_decode.cuh
+// SharedWords), as a kernel with static shared memory of its own sees it,
+// through *bytes; returns the CUDA error of the launch or copy.
+int ProbeDecodeSmemMisalignment(uint32_t* bytes);
+
 }  // namespace kernels
 }  // namespace kvpage
 

@@ -171,8 +171,16 @@ struct PartitionState {
   SmemLayout lay;
 };
 
+// The decode kernels' dynamic shared memory, aligned to 128 bytes: copies
+// into shared memory (cp.async of a warp's 16-byte slots, cp.async.bulk of
+// whole pieces) run slower where their destinations are not. Without it
+// the region starts wherever a kernel's static variables end, 16-byte
+// aligned: 16 or 64 bytes past a 128-byte boundary in the library's build,
+// where the INT4 ring kernel took 216.5 us instead of 212.2 and the staged
+// BF16 kernel 191 instead of 183 (H100, docs/PERF_NOTES.md, session 28).
+constexpr int kDecodeSmemAlign = 128;
 __device__ __forceinline__ float* SharedWords() {
-  extern __shared__ float4 kvpage_decode_smem[];
+  extern __shared__ __align__(kDecodeSmemAlign) float4 kvpage_decode_smem[];
   return reinterpret_cast<float*>(kvpage_decode_smem);
 }
 

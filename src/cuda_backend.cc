@@ -287,18 +287,15 @@ class CudaBackend final : public Backend {
     s.prefetch_k_steps = pf_k >= 0 ? pf_k : pf_default;
     s.prefetch_v_steps = pf_v >= 0 ? pf_v : pf_default;
     const bool tc = kernels::DecodeUsesTensorCores(geo, rows, s.path);
-    // The staged kernel where it exists (sm_90+) and its grid is one wave
-    // of its 2 blocks an SM: there it measured 1-3% faster than the
-    // register path (BF16 and FP16, 32-128 sequences of 8192 tokens); on
-    // longer grids 0-2% slower, where its prototype was faster (not
-    // explained yet; docs/PERF_NOTES.md, session 27).
+    // The staged kernel wherever it exists (sm_90+: BF16 and FP16 at head
+    // size 128, block size 16, up to 8 rows a KV head): 2-7% faster than
+    // the register path on every benchmark shape it serves, 32-512
+    // sequences, GQA and ragged (H100, docs/PERF_NOTES.md, session 28).
     int32_t p = 0;
     if (tc && cc_major_ >= 9 && StagedDecodeFromEnvironment() &&
         kernels::StagedDecodeSupports(geo, rows)) {
       p = PartitionSize(geo, cap, rows, tc, true);
-      const int64_t blocks = int64_t{cap.max_num_seqs} * geo.num_kv_heads *
-                             ((cap.max_context_len + p - 1) / p);
-      s.staged = blocks <= int64_t{num_sms_} * kernels::StagedDecodeBlocksPerSm();
+      s.staged = true;
     }
     if (!s.staged) p = PartitionSize(geo, cap, rows, tc, false);
     s.direct_output = !s.staged && kernels::PartitionKernelWritesOutput(geo, tc);

@@ -649,6 +649,16 @@ TEST(CudaDecodeShape, StagedKernelDomain) {
 
 // ---- A small set for the sanitizers -------------------------------------
 
+// The decode kernels' dynamic shared memory starts on a 128-byte boundary
+// whatever static shared memory a kernel has: their copies into it run
+// slower off one (docs/PERF_NOTES.md, session 28).
+TEST(CudaDecodeSmall, DynamicSharedMemoryAligned) {
+  KVPAGE_REQUIRE_GPU();
+  uint32_t bytes = 0xFFFFFFFFu;
+  ASSERT_EQ(kernels::ProbeDecodeSmemMisalignment(&bytes), 0);
+  EXPECT_EQ(bytes, 0u);
+}
+
 TEST(CudaDecodeSmall, EveryDtypeShort) {
   KVPAGE_REQUIRE_GPU();
   KVPAGE_SEEDED_RNG(rng);
