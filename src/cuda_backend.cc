@@ -291,13 +291,9 @@ class CudaBackend final : public Backend {
     // size 128, block size 16, up to 8 rows a KV head): 2-7% faster than
     // the register path on every benchmark shape it serves, 32-512
     // sequences, GQA and ragged (H100, docs/PERF_NOTES.md, session 28).
-    int32_t p = 0;
-    if (tc && cc_major_ >= 9 && StagedDecodeFromEnvironment() &&
-        kernels::StagedDecodeSupports(geo, rows)) {
-      p = PartitionSize(geo, cap, rows, tc, true);
-      s.staged = true;
-    }
-    if (!s.staged) p = PartitionSize(geo, cap, rows, tc, false);
+    s.staged = tc && cc_major_ >= 9 && StagedDecodeFromEnvironment() &&
+               kernels::StagedDecodeSupports(geo, rows);
+    const int32_t p = PartitionSize(geo, cap, rows, tc, s.staged);
     s.direct_output = !s.staged && kernels::PartitionKernelWritesOutput(geo, tc);
     s.partition_size = p;
     s.max_partitions = (cap.max_context_len + p - 1) / p;

@@ -116,7 +116,8 @@ struct DecodeShape {
   // kernels::StagedDecodeSupports: 16-bit K and V at block size 16, head
   // size 128, up to 8 rows per KV head): a producer warp copies each stage
   // of 4 blocks into shared memory with the copy engine and four warps
-  // share it. Its partitions are multiples of 16 tokens; no direct_output.
+  // share it. Any partition size (a multiple of kPartitionTokenMultiple);
+  // no direct_output.
   bool staged = false;
 };
 
