@@ -11,12 +11,14 @@
 // between calls), "eager time" times >= 50 single calls, each with the host
 // launch of its kernels inside the events.
 //
-// usage: kvpage-bench [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4] [--shapes SUBSTR,...]
+// usage: kvpage-bench [--quick] [--csv FILE] [--hashes FILE] [--dtypes bf16,fp8,int8,int4]
+// [--shapes SUBSTR,...]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,7 +72,7 @@ double MedianMs(int iters, int warmup, F&& run) {
 // At least this many calls in a graph (callers cycle through their
 // layers), as in an engine's step of many layers: a replay's own launch
 // then costs each call a sixteenth of it, not a half (a 20 us write lost
-// 1-5% in graphs of two calls; docs/PERF_NOTES.md, session 15).
+// 1-5% in graphs of two calls; docs/archive.md, "Measurement method").
 // KVPAGE_BENCH_GRAPH_CALLS=N sets the minimum (1: the method before).
 int MinGraphCalls() {
   const char* env = std::getenv("KVPAGE_BENCH_GRAPH_CALLS");
@@ -116,7 +118,8 @@ double CopyBandwidthGBs() {
   CheckCuda(cudaMalloc(&src, bytes), "malloc");
   CheckCuda(cudaMalloc(&dst, bytes), "malloc");
   CheckCuda(cudaMemset(src, 1, bytes), "memset");
-  const double ms = MedianMs(50, 5, [&](int) { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); });
+  const double ms =
+      MedianMs(50, 5, [&](int) { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); });
   cudaFree(src);
   cudaFree(dst);
   return 2.0 * bytes / (ms * 1e-3) / 1e9;
@@ -133,7 +136,16 @@ struct Result {
   int batch;
   double us, gbs, frac, write_gbs;
   double eager_us, eager_write_gbs;  // one call at a time, host launch included
+  uint64_t output_hash;              // FNV-1a of layer 0's decode output bytes
 };
+
+// FNV-1a, 64-bit: a fingerprint of a decode's output, so that two builds'
+// outputs on the benchmark's inputs (fixed seeds) compare bit for bit.
+uint64_t Fnv1a(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
 
 int ParseDtype(const std::string& s) {
   if (s == "bf16") return KVP_DTYPE_BF16;
@@ -221,7 +233,8 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   slots.reserve(total_tokens);
   int64_t next = 0;
   for (int s = 0; s < B; ++s) {
-    for (int j = 0; j < (shape.lens[s] + bs - 1) / bs; ++j) table[size_t(s) * width + j] = perm[next++];
+    for (int j = 0; j < (shape.lens[s] + bs - 1) / bs; ++j)
+      table[size_t(s) * width + j] = perm[next++];
     for (int t = 0; t < shape.lens[s]; ++t) {
       slots.push_back(int64_t(table[size_t(s) * width + t / bs]) * bs + t % bs);
     }
@@ -241,7 +254,7 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   // V from memory and writes to lines no recent call left in L2: their
   // destinations through the (layer, whole chunk) pairs, their inputs
   // through copies of the chunk's K and V. KVPAGE_BENCH_WRITE_ROTATE=0: one
-  // input and each layer's first chunk (the method before session 15).
+  // input and each layer's first chunk (the archive's earlier method).
   const char* rotate_env = std::getenv("KVPAGE_BENCH_WRITE_ROTATE");
   const bool rotate = rotate_env == nullptr || std::string(rotate_env) != "0";
   const int64_t full_chunks = total_tokens / chunk;
@@ -335,8 +348,15 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
     a.layer = i % cfg.num_layers;
     Check(kvp_decode(dec, &a, stream), "decode");
   });
+  // One more decode of layer 0 into a poisoned output, fingerprinted.
+  std::vector<uint8_t> out_bytes(size_t(q_elems) * 2);
+  CheckCuda(cudaMemset(dout, 0xFF, out_bytes.size()), "poison");
+  a.layer = 0;
+  Check(kvp_decode(dec, &a, nullptr), "decode");
+  CheckCuda(cudaMemcpy(out_bytes.data(), dout, out_bytes.size(), cudaMemcpyDeviceToHost), "copy");
   const double bytes = double(total_tokens) * info.bytes_per_token_per_layer;
   Result r;
+  r.output_hash = Fnv1a(out_bytes);
   r.shape = shape.name;
   r.dtype = dtype_name;
   r.batch = B;
@@ -361,7 +381,7 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
 
 int main(int argc, char** argv) {
   bool quick = false;
-  std::string csv;
+  std::string csv, hashes;
   std::vector<std::string> dtypes = {"bf16", "fp8", "int8", "int4"};
   std::vector<std::string> only;  // substrings of shape names (for profiling)
   auto split = [](const std::string& s) {
@@ -379,13 +399,15 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
       csv = argv[++i];
+    } else if (!std::strcmp(argv[i], "--hashes") && i + 1 < argc) {
+      hashes = argv[++i];
     } else if (!std::strcmp(argv[i], "--dtypes") && i + 1 < argc) {
       dtypes = split(argv[++i]);
     } else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) {
       only = split(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--csv FILE] [--dtypes bf16,fp8,int8,int4] "
+                   "usage: %s [--quick] [--csv FILE] [--hashes FILE] [--dtypes bf16,fp8,int8,int4] "
                    "[--shapes SUBSTR,...  (e.g. MHA,ragged,'B=512')]\n",
                    argv[0]);
       return 2;
@@ -394,7 +416,8 @@ int main(int argc, char** argv) {
   int32_t gpus = 0;
   Check(kvp_device_count(KVP_DEVICE_CUDA, &gpus), "device count");
   if (gpus == 0) {
-    std::printf("kvpage-bench: no CUDA device (or no CUDA backend in this build); nothing to measure\n");
+    std::printf(
+        "kvpage-bench: no CUDA device (or no CUDA backend in this build); nothing to measure\n");
     return 0;
   }
   cudaDeviceProp prop;
@@ -465,6 +488,16 @@ int main(int argc, char** argv) {
         std::fprintf(f, "%s,%.1f,%s,%d,%s,%.2f,%.1f,%.4f,%.1f,%.2f,%.1f\n", prop.name, copy_gbs,
                      r.shape.c_str(), r.batch, r.dtype.c_str(), r.us, r.gbs, r.frac, r.write_gbs,
                      r.eager_us, r.eager_write_gbs);
+      }
+      std::fclose(f);
+    }
+  }
+  if (!hashes.empty()) {
+    FILE* f = std::fopen(hashes.c_str(), "w");
+    if (f) {
+      for (const Result& r : results) {
+        std::fprintf(f, "%s,%d,%s,%016llx\n", r.shape.c_str(), r.batch, r.dtype.c_str(),
+                     static_cast<unsigned long long>(r.output_hash));
       }
       std::fclose(f);
     }

@@ -12,7 +12,7 @@
 // times a decode: a CUDA graph of 16 calls rotating through more than 4x
 // the L2, the median of 11 replays, next to the copy bandwidth of the same
 // run. What the decode adds to the best of these is its own consumer's
-// cost (docs/PERF_NOTES.md, session 22).
+// cost (docs/archive.md, "Read floor and scattered blocks").
 //
 //   kvpage-read-floor [--cases SUBSTR,...] [--linear]
 //

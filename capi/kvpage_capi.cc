@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "capi/abi_checks.h"
 #include "capi/struct_io.h"
 #include "include/kvpage/kvpage.h"
+#include "kvpage_manifest.h"
 #include "src/cache.h"
 #include "src/decoder.h"
 #include "src/status.h"
@@ -74,16 +76,16 @@ kvp_error* InvalidArg(std::string message) {
 
 // The exception firewall around every entry that returns kvp_error*.
 #define KVP_API_BEGIN try {
-#define KVP_API_END                                                              \
-  }                                                                              \
-  catch (const std::bad_alloc&) {                                                \
-    return &g_out_of_memory;                                                     \
-  }                                                                              \
-  catch (const std::exception& e) {                                              \
+#define KVP_API_END                                                                \
+  }                                                                                \
+  catch (const std::bad_alloc&) {                                                  \
+    return &g_out_of_memory;                                                       \
+  }                                                                                \
+  catch (const std::exception& e) {                                                \
     return NewError(KVP_ERR_INTERNAL, std::string("internal error: ") + e.what()); \
-  }                                                                              \
-  catch (...) {                                                                  \
-    return NewError(KVP_ERR_INTERNAL, "internal error: unknown exception");      \
+  }                                                                                \
+  catch (...) {                                                                    \
+    return NewError(KVP_ERR_INTERNAL, "internal error: unknown exception");        \
   }
 
 // ---- Versions and build --------------------------------------------------
@@ -97,18 +99,25 @@ void kvp_abi_version(uint32_t* major, uint32_t* minor) {
   if (minor != nullptr) *minor = KVP_ABI_MINOR;
 }
 
+// The ABI part of kvp_build_info comes from the header's macros, so that it
+// cannot disagree with kvp_abi_version() and kvp_get_api(); the KV dtypes
+// and head sizes come from the kernel manifest (kernels/manifest.cmake).
+#define KVPAGE_STRINGIZE_(x) #x
+#define KVPAGE_STRINGIZE(x) KVPAGE_STRINGIZE_(x)
+
 const char* kvp_build_info(void) {
   return "version=" KVP_VERSION_STRING
-         "; abi=1.0"
+         "; abi=" KVPAGE_STRINGIZE(KVP_ABI_MAJOR) "." KVPAGE_STRINGIZE(KVP_ABI_MINOR)
          "; backends=cpu"
 #if KVPAGE_HAVE_CUDA
          ",cuda"
 #endif
          "; cuda_architectures=" KVPAGE_CUDA_ARCHITECTURES
-         "; kv_dtypes=fp16,bf16,fp8_e4m3,int8,int4"
+         "; kv_dtypes=" KVPAGE_MANIFEST_KV_DTYPE_NAMES
          "; scale_dtype=fp16"
-         "; head_sizes=64,80,96,112,128,256"
+         "; head_sizes=" KVPAGE_MANIFEST_HEAD_SIZE_NAMES
          "; block_sizes=8,16,32"
+         "; tensor_core_block_sizes=" KVPAGE_MANIFEST_TC_BLOCK_SIZE_NAMES
          "; io_dtypes=fp32,fp16,bf16";
 }
 
@@ -126,14 +135,22 @@ void kvp_error_free(kvp_error* error) {
 
 const char* kvp_error_code_name(int32_t code) {
   switch (code) {
-    case KVP_OK: return "OK";
-    case KVP_ERR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case KVP_ERR_OUT_OF_BLOCKS: return "OUT_OF_BLOCKS";
-    case KVP_ERR_OUT_OF_MEMORY: return "OUT_OF_MEMORY";
-    case KVP_ERR_UNSUPPORTED: return "UNSUPPORTED";
-    case KVP_ERR_DEVICE: return "DEVICE";
-    case KVP_ERR_INTERNAL: return "INTERNAL";
-    default: return "UNKNOWN";
+    case KVP_OK:
+      return "OK";
+    case KVP_ERR_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case KVP_ERR_OUT_OF_BLOCKS:
+      return "OUT_OF_BLOCKS";
+    case KVP_ERR_OUT_OF_MEMORY:
+      return "OUT_OF_MEMORY";
+    case KVP_ERR_UNSUPPORTED:
+      return "UNSUPPORTED";
+    case KVP_ERR_DEVICE:
+      return "DEVICE";
+    case KVP_ERR_INTERNAL:
+      return "INTERNAL";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -264,6 +281,15 @@ kvp_error* kvp_cache_create(const kvp_cache_config* config, kvp_cache** cache) {
     return InvalidArg(
         kvpage::StrFormat("config->device_ordinal = %d, must be >= 0", c.device_ordinal));
   }
+  // There is one CPU device: a nonzero ordinal with KVP_DEVICE_CPU is most
+  // likely a CUDA cache whose device_kind was left at its default, which
+  // would then be handed device pointers (docs/DECISIONS.md).
+  if (c.device_kind == KVP_DEVICE_CPU && c.device_ordinal != 0) {
+    return InvalidArg(kvpage::StrFormat(
+        "config->device_ordinal = %d with device_kind = KVP_DEVICE_CPU (0), must be 0 (set "
+        "device_kind = KVP_DEVICE_CUDA (1) for a GPU cache)",
+        c.device_ordinal));
+  }
   if (c.reserved0 != 0) {
     return InvalidArg(kvpage::StrFormat("config->reserved0 = %d, must be 0", c.reserved0));
   }
@@ -292,9 +318,9 @@ kvp_error* kvp_cache_create(const kvp_cache_config* config, kvp_cache** cache) {
       return e;
     }
     if ((a.alloc == nullptr) != (a.free == nullptr)) {
-      return InvalidArg(kvpage::StrFormat(
-          "config->allocator->%s is NULL: set both alloc and free, or neither",
-          a.alloc == nullptr ? "alloc" : "free"));
+      return InvalidArg(
+          kvpage::StrFormat("config->allocator->%s is NULL: set both alloc and free, or neither",
+                            a.alloc == nullptr ? "alloc" : "free"));
     }
     o.allocator.user_data = a.user_data;
     o.allocator.alloc = a.alloc;
@@ -322,8 +348,7 @@ kvp_error* kvp_cache_get_layout(const kvp_cache* cache, int32_t layer, kvp_layer
   if (kvp_error* e = CheckOut(layout, "layout")) return e;
   const kvpage::CacheGeometry& g = cache->impl->geometry();
   if (layer < 0 || layer >= g.num_layers) {
-    return InvalidArg(
-        kvpage::StrFormat("layer = %d is out of range [0, %d)", layer, g.num_layers));
+    return InvalidArg(kvpage::StrFormat("layer = %d is out of range [0, %d)", layer, g.num_layers));
   }
   kvp_layer_layout l;
   kvp_layer_layout_init(&l);
@@ -472,11 +497,11 @@ kvp_error* kvp_cache_export_block_table(const kvp_cache* cache, const int64_t* s
   }
   if (row_stride < max_blocks_per_seq) {
     return InvalidArg(kvpage::StrFormat("row_stride = %d, must be >= max_blocks_per_seq = %d",
-                                      row_stride, max_blocks_per_seq));
+                                        row_stride, max_blocks_per_seq));
   }
   return ToError(cache->impl->blocks().ExportBlockTable(
-      absl::MakeConstSpan(seq_ids, static_cast<size_t>(num_seqs)), max_blocks_per_seq,
-      row_stride, table, seq_lens));
+      absl::MakeConstSpan(seq_ids, static_cast<size_t>(num_seqs)), max_blocks_per_seq, row_stride,
+      table, seq_lens));
   KVP_API_END
 }
 

@@ -19,8 +19,17 @@
 
 #include "kvpage/kvpage.h"
 
-enum { kLayers = 4, kKvHeads = 8, kQHeads = 32, kHead = 128, kBlock = 16, kSeqs = 8,
-       kMaxSeqs = kSeqs + 1, kMaxLen = 1024, kMaxBlocksPerSeq = kMaxLen / kBlock };
+enum {
+  kLayers = 4,
+  kKvHeads = 8,
+  kQHeads = 32,
+  kHead = 128,
+  kBlock = 16,
+  kSeqs = 8,
+  kMaxSeqs = kSeqs + 1,
+  kMaxLen = 1024,
+  kMaxBlocksPerSeq = kMaxLen / kBlock
+};
 #define TOKEN_ELEMS (kKvHeads * kHead)
 
 #ifdef KVPAGE_EXAMPLE_CUDA
@@ -159,7 +168,8 @@ static void reference(const Sequence* s, int layer, const float* q, int h, doubl
   for (j = 0; j < s->len; ++j) sum += (w[j] = exp(w[j] - m));
   for (d = 0; d < kHead; ++d) {
     double o = 0;
-    for (j = 0; j < s->len; ++j) o += w[j] / sum * s->v[layer][(size_t)j * TOKEN_ELEMS + kvh * kHead + d];
+    for (j = 0; j < s->len; ++j)
+      o += w[j] / sum * s->v[layer][(size_t)j * TOKEN_ELEMS + kvh * kHead + d];
     out[d] = o;
   }
   free(w);
@@ -221,9 +231,11 @@ int main(int argc, char** argv) {
   }
   kvp_cache_info_init(&info);
   check(kvp_cache_get_info(cache, &info), "kvp_cache_get_info");
-  printf("kvpage %s | %s backend | KV %s | %d layers, %d KV heads, %d query heads, head %d, block %d\n",
-         kvp_version_string(), info.device_kind == KVP_DEVICE_CUDA ? "CUDA" : "CPU", dtype_name,
-         kLayers, kKvHeads, kQHeads, kHead, kBlock);
+  printf(
+      "kvpage %s | %s backend | KV %s | %d layers, %d KV heads, %d query heads, head %d, block "
+      "%d\n",
+      kvp_version_string(), info.device_kind == KVP_DEVICE_CUDA ? "CUDA" : "CPU", dtype_name,
+      kLayers, kKvHeads, kQHeads, kHead, kBlock);
 
   kvp_decode_config_init(&dc);
   dc.num_query_heads = kQHeads;

@@ -106,7 +106,7 @@ constexpr int kTileTokens = 32;
 // 48 (5 blocks) for INT4 V from 16-bit input, which stores the fewest
 // bytes a token and so gains the most from more tiles in flight: +1.9 to
 // +5.7% on every INT4 write shape, where the same budget cost BF16 V 3-7%
-// and FP8/INT8 V's ragged batch 3-4% (docs/PERF_NOTES.md, session 21).
+// and FP8/INT8 V's ragged batch 3-4% (docs/archive.md, "Cache write").
 template <typename Tag, int kLanes, int kVBits>
 constexpr int MinBlocksPerSm() {
   const int registers = kVBits == 4 && sizeof(typename Input<Tag>::Raw) == 2 ? 48 : 64;
@@ -146,7 +146,7 @@ struct RowLayout {
 // What the kernel needs of the layer's geometry, computed once on the host
 // (MakeWriteLayout): in the kernel, CacheGeometry's accessors cost a
 // run-time division (k_chunks()) and a switch on the dtypes at every use,
-// ~100 instructions a warp (ncu, docs/PERF_NOTES.md session 13).
+// ~100 instructions a warp (ncu, docs/archive.md, "Cache write").
 struct WriteLayout {
   uint8_t* k_data;
   uint8_t* v_data;
@@ -400,7 +400,8 @@ struct VStage {
   // staged byte read holds a code (high nibble zero); otherwise the bytes
   // are masked first — a token that writes nothing leaves its stage byte
   // unset, and the fold below ORs a byte's high nibble into the code
-  // above it (session 10's wrong V nibbles, docs/PERF_NOTES.md session 11).
+  // above it (an earlier build wrote wrong V nibbles that way: docs/archive.md,
+  // "Cache write").
   template <bool kClean = true>
   __device__ static uint32_t AlignedWord(const Code* row, int j) {
     if (kVBits != 4) return *reinterpret_cast<const uint32_t*>(row + j);
@@ -470,7 +471,7 @@ struct VGroup {
 // this call reads the cache bytes it writes, so lines the tile has filled
 // may leave L2 first. Callers ask for it only where the tile writes every
 // byte of the sectors involved, and only where it measured faster
-// (docs/PERF_NOTES.md, session 15).
+// (docs/archive.md, "Cache write").
 template <typename T>
 __device__ __forceinline__ void StoreTileBytes(T* dst, const T& value, bool streaming) {
   if (streaming) {

@@ -59,8 +59,7 @@ __global__ void __launch_bounds__(kThreads)
     if (region.block_stride == 0) continue;
     const uint8_t* from = l + region.offset + src * region.block_stride;
     uint8_t* to = l + region.offset + dst * region.block_stride;
-    const bool vec = ((reinterpret_cast<uintptr_t>(from) |
-                       reinterpret_cast<uintptr_t>(to) |
+    const bool vec = ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
                        static_cast<uintptr_t>(region.block_stride)) %
                       16) == 0;
     if (vec) {
@@ -86,9 +85,8 @@ int LaunchCopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pai
     const int64_t s = geo.block_region(r).block_stride;
     if (s > largest) largest = s;
   }
-  int64_t slices =
-      (largest / 16 + int64_t{kThreads} * kVectorsPerThread - 1) /
-      (int64_t{kThreads} * kVectorsPerThread);
+  int64_t slices = (largest / 16 + int64_t{kThreads} * kVectorsPerThread - 1) /
+                   (int64_t{kThreads} * kVectorsPerThread);
   if (slices < 1) slices = 1;
   if (slices > kMaxSlices) slices = kMaxSlices;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);

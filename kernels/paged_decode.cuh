@@ -36,8 +36,8 @@
 //      FP32 registers, segments of one channel are summed with shuffles,
 //      teams through shared memory.
 //   5. Writes partial_out (normalized by the partition's sum), partial_max,
-//      partial_sum (src/params.h layouts, indexed with shape.max_query_len
-//      and shape.max_partitions). A row with nothing visible in the
+//      partial_sum (src/params.h layouts, indexed with plan.max_query_len
+//      and plan.max_partitions). A row with nothing visible in the
 //      partition writes max = -inf, sum = 0, out = 0. The only partition of
 //      a sequence shorter than P writes out and lse instead
 //      (PartitionWritesOutput).
@@ -69,6 +69,7 @@
 #include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
+#include "kernels/decode_traits.h"
 #include "src/geometry.h"
 #include "src/params.h"
 
@@ -76,88 +77,8 @@ namespace kvpage {
 namespace kernels {
 namespace decode {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
-constexpr int kRowTile = 8;  // query rows per pass over the partition
 constexpr int kLaneTokens = 2;                 // K phase: tokens per lane
 constexpr int kSpanTokens = 32 * kLaneTokens;  // K phase: tokens per warp pass
-
-// The instantiated head sizes (one place; the K dtypes are the
-// decode_<dtype>.cu translation units, dispatched in decode_dispatch.cu).
-#define KVPAGE_DECODE_FOR_EACH_HEAD_SIZE(X, KT) \
-  X(KT, 64) X(KT, 80) X(KT, 96) X(KT, 112) X(KT, 128) X(KT, 256)
-
-// How the V phase maps 16-byte vectors of a (block, KV head) V region
-// ([D][block_size] codes) to threads.
-struct VMapping {
-  int elems;     // codes per vector: 8 (16-bit), 16 (8-bit), 32 (INT4)
-  int tokens;    // consecutive tokens of one channel in a vector
-  int channels;  // channels in a vector (elems / tokens)
-  int segs;      // vectors per channel row (block_size / tokens)
-  int vecs;      // vectors per (block, KV head)
-  int team;      // threads per team: min(vecs, kThreads)
-  int teams;     // teams, each on different blocks
-};
-
-KVP_HOST_DEVICE constexpr VMapping MakeVMapping(const CacheGeometry& g) {
-  VMapping m{};
-  m.elems = 128 / g.v_bits();
-  m.tokens = g.block_size < m.elems ? g.block_size : m.elems;
-  m.channels = m.elems / m.tokens;
-  m.segs = g.block_size / m.tokens;
-  m.vecs = g.head_size * g.block_size * g.v_bits() / 128;
-  m.team = m.vecs < kThreads ? m.vecs : kThreads;
-  m.teams = kThreads / m.team;
-  return m;
-}
-
-// Dynamic shared memory of the partition kernel, in 4-byte words; every
-// region starts at a 16-byte boundary (float4 reads).
-struct SmemLayout {
-  int rt;  // rows per tile: min(rows, kRowTile)
-  int kd;  // padded q row: k_chunks * k_x
-  int q, qsum, row_pos, row_lo, row_slope, row_max, row_sum, row_pm;
-  int blk, vscale, vmin, logits, vred;
-  int total;
-};
-
-KVP_HOST_DEVICE constexpr int AlignWords(int n) { return (n + 3) / 4 * 4; }
-
-KVP_HOST_DEVICE constexpr SmemLayout MakeSmemLayout(const CacheGeometry& g, int rows,
-                                                    int partition_size) {
-  SmemLayout s{};
-  s.rt = rows < kRowTile ? rows : kRowTile;
-  s.kd = g.k_chunks() * g.k_x();
-  int o = 0;
-  s.q = o;
-  o += s.rt * s.kd;            // q tile, FP32
-  s.qsum = o;
-  o += kRowTile;               // sum of each q row (INT4 K min term)
-  s.row_pos = o;
-  o += kRowTile;               // each row's query position (int)
-  s.row_lo = o;
-  o += kRowTile;               // first visible token (int)
-  s.row_slope = o;
-  o += kRowTile;               // ALiBi slope
-  s.row_max = o;
-  o += kRowTile;
-  s.row_sum = o;
-  o += kRowTile;
-  s.row_pm = o;
-  o += kRowTile;               // sum_t p_t * vmin_t
-  s.blk = o;
-  o += AlignWords(partition_size / g.block_size);  // physical block ids
-  s.vscale = o;
-  o += partition_size;         // V scale per token (1 for FP16/BF16)
-  s.vmin = o;
-  o += partition_size;         // V min per token (INT4), else 0
-  s.logits = o;
-  o += s.rt * partition_size;  // logits, then p * vscale
-  s.vred = o;
-  o += MakeVMapping(g).teams * s.rt * g.head_size;  // V partial sums per team
-  s.total = o;
-  return s;
-}
 
 // Everything the phases of one partition share.
 struct PartitionState {
@@ -171,14 +92,13 @@ struct PartitionState {
   SmemLayout lay;
 };
 
-// The decode kernels' dynamic shared memory, aligned to 128 bytes: copies
-// into shared memory (cp.async of a warp's 16-byte slots, cp.async.bulk of
-// whole pieces) run slower where their destinations are not. Without it
-// the region starts wherever a kernel's static variables end, 16-byte
-// aligned: 16 or 64 bytes past a 128-byte boundary in the library's build,
-// where the INT4 ring kernel took 216.5 us instead of 212.2 and the staged
-// BF16 kernel 191 instead of 183 (H100, docs/PERF_NOTES.md, session 28).
-constexpr int kDecodeSmemAlign = 128;
+// The decode kernels' dynamic shared memory, aligned to kDecodeSmemAlign
+// (128 bytes): copies into shared memory (cp.async of a warp's 16-byte
+// slots, cp.async.bulk of whole pieces) run slower where their destinations
+// are not. Without the alignment the region starts wherever a kernel's
+// static variables end, 16-byte aligned: 16 or 64 bytes past a 128-byte
+// boundary, which cost the INT4 ring and the staged BF16 kernels 2-4%
+// (docs/archive.md, "Shared-memory alignment").
 __device__ __forceinline__ float* SharedWords() {
   extern __shared__ __align__(kDecodeSmemAlign) float4 kvpage_decode_smem[];
   return reinterpret_cast<float*>(kvpage_decode_smem);
@@ -232,8 +152,7 @@ __device__ __forceinline__ void LogitsPhase(const DecodeParams& p, const Partiti
   const int bs = g.block_size;
   const int64_t chunk_stride = g.k_chunk_stride();
   const uint8_t* k_head = p.layer + g.k_data_offset() + int64_t{st.kvh} * g.k_head_stride();
-  const uint8_t* ks_head =
-      p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride();
+  const uint8_t* ks_head = p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride();
   const float cap = p.logits_soft_cap;
   const bool alibi = p.alibi_slopes != nullptr;
 
@@ -358,10 +277,10 @@ __device__ __forceinline__ void SoftmaxPhase(const PartitionState& st, int rt, i
 // ---- Phase 4: V ---------------------------------------------------------
 
 struct VPhaseArgs {
-  const uint8_t* v_head;   // the layer's V data + kvh * v_head_stride
+  const uint8_t* v_head;  // the layer's V data + kvh * v_head_stride
   int64_t v_block_stride;
   int P, bs, nblk, n_valid, rt, head_size;
-  int blk, logits, vred;   // shared memory offsets (words)
+  int blk, logits, vred;  // shared memory offsets (words)
   VMapping vm;
 };
 
@@ -376,8 +295,8 @@ template <DType VT, int kTok, int kRows>
 __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
   constexpr int kE = kElems<VT>;
   constexpr int kCh = kE / kTok;
-  constexpr int kPos = kCh == 1 ? 2 : 1;     // positions per thread at once
-  constexpr int kOct = kTok / 8;             // 8-token groups per channel
+  constexpr int kPos = kCh == 1 ? 2 : 1;  // positions per thread at once
+  constexpr int kOct = kTok / 8;          // 8-token groups per channel
   // Blocks loaded before use: 4, so that even one position per thread
   // (8-bit V with block size 16: 128 vectors) keeps 4 loads in flight;
   // 2 with two positions and a full row tile (code size, as in the K phase).
@@ -418,8 +337,7 @@ __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           const int b = b0 + u * a.vm.teams;
-          const uint8_t* vb =
-              b < a.nblk ? a.v_head + blk_s[b] * a.v_block_stride : a.v_head;
+          const uint8_t* vb = b < a.nblk ? a.v_head + blk_s[b] * a.v_block_stride : a.v_head;
 #pragma unroll
           for (int k = 0; k < kPos; ++k) {
             raw[u][k] = (b < a.nblk && act[k]) ? Load16(vb + int64_t{pos[k]} * 16) : Zero16();
@@ -459,7 +377,8 @@ __device__ __noinline__ void ValuePhase(const VPhaseArgs a) {
                 for (int k = 0; k < kPos; ++k) {
                   if (k == 0 || two) {
 #pragma unroll
-                    for (int c = 0; c < kCh; ++c) acc[r][k][c] = Dot8(pa, pb, f[k][c], acc[r][k][c]);
+                    for (int c = 0; c < kCh; ++c)
+                      acc[r][k][c] = Dot8(pa, pb, f[k][c], acc[r][k][c]);
                   }
                 }
               }
@@ -556,34 +475,31 @@ __device__ __forceinline__ int SequenceLength(const DecodeParams& p, int s) {
 
 // Index of partition 0 of (sequence, query token, query head) in the
 // partial_* arrays (src/params.h); its partitions follow contiguously.
-__device__ __forceinline__ int64_t PartialBase(const DecodeParams& p, const DecodeShape& shape,
+__device__ __forceinline__ int64_t PartialBase(const DecodeParams& p, const DecodePlan& plan,
                                                int seq, int token, int head) {
-  return ((int64_t{seq} * shape.max_query_len + token) * p.num_q_heads + head) *
-         shape.max_partitions;
+  return ((int64_t{seq} * plan.max_query_len + token) * p.num_q_heads + head) * plan.max_partitions;
 }
 
 // Partitions of a sequence of `len` tokens (0 for len <= 0); those past
 // max_partitions do not exist (a length beyond the capacity is cut there).
-__device__ __forceinline__ int PartitionCount(const DecodeShape& shape, int len) {
-  return len > 0
-             ? min((len + shape.partition_size - 1) / shape.partition_size, shape.max_partitions)
-             : 0;
+__device__ __forceinline__ int PartitionCount(const DecodePlan& plan, int len) {
+  return len > 0 ? min((len + plan.partition_size - 1) / plan.partition_size, plan.max_partitions)
+                 : 0;
 }
 
 // Whether the one partition of a sequence of `len` tokens writes the rows'
-// out and lse itself (shape.direct_output), the reduce kernel then leaving
+// out and lse itself (plan.direct_output), the reduce kernel then leaving
 // the sequence alone: short sequences, and partitions as long as the
 // context, so skip the reduce's round trip. A length of exactly one
 // partition keeps the merge: the partition kernel tests this on its
 // partition's n_valid (= len for partition 0 when len <= P), which its
 // loops keep in a register anyway.
-__device__ __forceinline__ bool PartitionWritesOutput(const DecodeShape& shape, int len) {
-  return shape.direct_output && len > 0 &&
-         (len < shape.partition_size || shape.max_partitions == 1);
+__device__ __forceinline__ bool PartitionWritesOutput(const DecodePlan& plan, int len) {
+  return plan.direct_output && len > 0 && (len < plan.partition_size || plan.max_partitions == 1);
 }
-__device__ __forceinline__ bool PartitionWritesOutput(const DecodeShape& shape,
+__device__ __forceinline__ bool PartitionWritesOutput(const DecodePlan& plan,
                                                       const PartitionState& st) {
-  return st.part == 0 && PartitionWritesOutput(shape, st.n_valid);
+  return st.part == 0 && PartitionWritesOutput(plan, st.n_valid);
 }
 // Whether the partition kernel writes every row's out and lse, so that the
 // reduce kernel is not launched at all: one partition a sequence in a
@@ -592,8 +508,8 @@ __device__ __forceinline__ bool PartitionWritesOutput(const DecodeShape& shape,
 // block (zeros, lse -inf; BeginPartition). Saves the reduce grid's launch
 // and drain where partitions are as long as the context (the INT4 ring
 // kernel's 8192-token partitions, the thread-group kernel's short contexts).
-KVP_HOST_DEVICE inline bool PartitionKernelOwnsOutput(const DecodeShape& shape) {
-  return shape.direct_output && shape.max_partitions == 1;
+KVP_HOST_DEVICE inline bool PartitionKernelOwnsOutput(const DecodePlan& plan) {
+  return plan.direct_output && plan.max_partitions == 1;
 }
 
 // Where a partition block stores a query row's results: its partials, or
@@ -610,14 +526,14 @@ __device__ __forceinline__ RowCoords RowOf(const DecodeParams& p, const Partitio
   const int gi = row / p.query_len;
   return {row - gi * p.query_len, st.kvh * st.group + gi};
 }
-__device__ __forceinline__ int64_t RowOutIndex(const DecodeParams& p, const DecodeShape& shape,
+__device__ __forceinline__ int64_t RowOutIndex(const DecodeParams& p, const DecodePlan& plan,
                                                const PartitionState& st, bool direct, int row) {
   const RowCoords rc = RowOf(p, st, row);
   if (direct) {
     return (int64_t{st.seq} * p.query_len + rc.token) * p.out_stride +
            int64_t{rc.head} * p.geo.head_size;
   }
-  return (PartialBase(p, shape, st.seq, rc.token, rc.head) + st.part) * p.geo.head_size;
+  return (PartialBase(p, plan, st.seq, rc.token, rc.head) + st.part) * p.geo.head_size;
 }
 __device__ __forceinline__ void StoreRowOut(const DecodeParams& p, const DecodeWorkspace& ws,
                                             bool direct, int64_t index, float v) {
@@ -629,7 +545,7 @@ __device__ __forceinline__ void StoreRowOut(const DecodeParams& p, const DecodeW
 }
 // The row's largest logit `max` (natural log units) and sum(exp(l - max)):
 // partial_max / partial_sum, or the lse (-inf when nothing was visible).
-__device__ __forceinline__ void StoreRowStats(const DecodeParams& p, const DecodeShape& shape,
+__device__ __forceinline__ void StoreRowStats(const DecodeParams& p, const DecodePlan& plan,
                                               const DecodeWorkspace& ws, const PartitionState& st,
                                               bool direct, int row, float max, float sum) {
   const RowCoords rc = RowOf(p, st, row);
@@ -639,16 +555,11 @@ __device__ __forceinline__ void StoreRowStats(const DecodeParams& p, const Decod
           sum > 0.0f ? max + logf(sum) : -INFINITY;
     }
   } else {
-    const int64_t at = PartialBase(p, shape, st.seq, rc.token, rc.head) + st.part;
+    const int64_t at = PartialBase(p, plan, st.seq, rc.token, rc.head) + st.part;
     ws.partial_max[at] = max;
     ws.partial_sum[at] = sum;
   }
 }
-
-// 4 blocks (16 warps) per SM: at most 128 registers a thread. The one-row
-// variant, bound by loads in flight, runs 6 (80 registers; 8 spills).
-constexpr int kMinBlocksPerSm = 4;
-constexpr int kMinBlocksPerSmOneRow = 6;
 
 // A partition's slice of the block table: the entries a partition may use,
 // inside the table's width (none for a partition past it).
@@ -657,9 +568,9 @@ struct TableSlice {
   int entries;  // <= 0: none
 };
 __device__ __forceinline__ TableSlice PartitionTableSlice(const DecodeParams& p,
-                                                          const DecodeShape& shape, int seq,
+                                                          const DecodePlan& plan, int seq,
                                                           int part) {
-  const int per_part = shape.partition_size / p.geo.block_size;
+  const int per_part = plan.partition_size / p.geo.block_size;
   const int first = part * per_part;
   const int entries = min(per_part, p.block_table_width - first);
   return {p.block_table + int64_t{seq} * p.block_table_stride + first, entries};
@@ -670,13 +581,13 @@ __device__ __forceinline__ TableSlice PartitionTableSlice(const DecodeParams& p,
 // its slice of the block table (PartitionTableSlice; without, the caller
 // copies those lines itself: CopyTableSlice). Otherwise each is another
 // round trip after the length's, and while the grid streams a round trip
-// takes the loaded latency, 2-3 us on an H100 (docs/PERF_NOTES.md, session
-// 17). Lines, not bulk copies: q rows and table slices may start anywhere.
+// takes the loaded latency, 2-3 us on an H100 (docs/archive.md, "L2
+// prefetch"). Lines, not bulk copies: q rows and table slices may start anywhere.
 // A partition past its sequence's end fetches a few lines it does not use:
 // the table row's (in the table) and q's (used by the sequence's first
 // partition).
 __device__ __forceinline__ void PrefetchPrologueInputs(const DecodeParams& p,
-                                                       const DecodeShape& shape, int seq, int kvh,
+                                                       const DecodePlan& plan, int seq, int kvh,
                                                        int part, bool with_table) {
   constexpr int kLine = 128;
   const CacheGeometry& g = p.geo;
@@ -689,7 +600,7 @@ __device__ __forceinline__ void PrefetchPrologueInputs(const DecodeParams& p,
   const int q_row_bytes = group * g.head_size * q_bytes;
   // A row of n bytes from anywhere touches at most n / kLine + 2 lines.
   const int q_lines = q_row_bytes / kLine + 2;
-  const TableSlice slice = PartitionTableSlice(p, shape, seq, part);
+  const TableSlice slice = PartitionTableSlice(p, plan, seq, part);
   const char* t0 = reinterpret_cast<const char*>(slice.ids);
   const int t_bytes = 4 * slice.entries;
   const int t_lines = with_table && slice.entries > 0 ? t_bytes / kLine + 2 : 0;
@@ -716,15 +627,15 @@ __device__ __forceinline__ void PrefetchPrologueInputs(const DecodeParams& p,
 
 // Every row of the partition as "nothing visible": partials of max -inf
 // and sum 0, or with `direct` zeros in out and -inf in lse. All threads.
-__device__ __forceinline__ void StoreNothingVisible(const DecodeParams& p, const DecodeShape& shape,
+__device__ __forceinline__ void StoreNothingVisible(const DecodeParams& p, const DecodePlan& plan,
                                                     const DecodeWorkspace& ws,
                                                     const PartitionState& st, bool direct) {
   const int D = p.geo.head_size;
   for (int idx = threadIdx.x; idx < st.rows * D; idx += blockDim.x) {
     const int r = idx / D;
     const int d = idx - r * D;
-    StoreRowOut(p, ws, direct, RowOutIndex(p, shape, st, direct, r) + d, 0.0f);
-    if (d == 0) StoreRowStats(p, shape, ws, st, direct, r, -INFINITY, 0.0f);
+    StoreRowOut(p, ws, direct, RowOutIndex(p, plan, st, direct, r) + d, 0.0f);
+    if (d == 0) StoreRowStats(p, plan, ws, st, direct, r, -INFINITY, 0.0f);
   }
 }
 
@@ -735,10 +646,10 @@ __device__ __forceinline__ void StoreNothingVisible(const DecodeParams& p, const
 // sequence's end are copied too and never used; entries past the table's
 // width become block 0 (never read past the table, and a length past it,
 // which only checked mode catches, still reads inside the cache).
-__device__ __forceinline__ void CopyTableSlice(const DecodeParams& p, const DecodeShape& shape,
+__device__ __forceinline__ void CopyTableSlice(const DecodeParams& p, const DecodePlan& plan,
                                                int seq, int part, int* blk_s) {
-  const TableSlice slice = PartitionTableSlice(p, shape, seq, part);
-  for (int b = threadIdx.x; b < shape.partition_size / p.geo.block_size; b += blockDim.x) {
+  const TableSlice slice = PartitionTableSlice(p, plan, seq, part);
+  for (int b = threadIdx.x; b < plan.partition_size / p.geo.block_size; b += blockDim.x) {
     const bool in = b < slice.entries;
     CpAsync<4>(blk_s + b, in ? slice.ids + b : p.block_table, in);
   }
@@ -753,11 +664,11 @@ __device__ __forceinline__ void CopyTableSlice(const DecodeParams& p, const Deco
 // compiled into the prologue). With `early_blk_s`, the partition's block
 // ids are copied there while the length loads (CopyTableSlice;
 // StageBlockIds then takes them with `copied_early`).
-__device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodeShape& shape,
+__device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const DecodePlan& plan,
                                                const DecodeWorkspace& ws, PartitionState& st,
                                                bool kernel_writes_output,
                                                int* early_blk_s = nullptr) {
-  // As a programmatic dependent (DecodeShape::dependent_launch), the
+  // As a programmatic dependent (DecodePlan::dependent_launch), the
   // stream's previous kernel may still be writing q, the tables or the cache.
   WaitForPrerequisiteGrid();
   // The reduce grid (a programmatic dependent too) may be scheduled as soon as every partition
@@ -767,16 +678,16 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
   st.part = blockIdx.x;
   st.kvh = blockIdx.y;
   st.seq = blockIdx.z;
-  PrefetchPrologueInputs(p, shape, st.seq, st.kvh, st.part, early_blk_s == nullptr);
-  if (early_blk_s != nullptr) CopyTableSlice(p, shape, st.seq, st.part, early_blk_s);
+  PrefetchPrologueInputs(p, plan, st.seq, st.kvh, st.part, early_blk_s == nullptr);
+  if (early_blk_s != nullptr) CopyTableSlice(p, plan, st.seq, st.part, early_blk_s);
   st.len = SequenceLength(p, st.seq);
-  st.P = shape.partition_size;
+  st.P = plan.partition_size;
   st.start = st.part * st.P;
   st.group = p.num_q_heads / g.num_kv_heads;
   st.rows = st.group * p.query_len;
   if (st.start >= st.len) {
-    if (kernel_writes_output && st.part == 0 && PartitionKernelOwnsOutput(shape)) {
-      StoreNothingVisible(p, shape, ws, st, true);
+    if (kernel_writes_output && st.part == 0 && PartitionKernelOwnsOutput(plan)) {
+      StoreNothingVisible(p, plan, ws, st, true);
     }
     if (early_blk_s != nullptr) CpAsyncWait<0>();  // nothing in flight at exit
     return false;
@@ -794,7 +705,7 @@ __device__ __forceinline__ bool BeginPartition(const DecodeParams& p, const Deco
 // the caller exits without reading any block. All threads must call.
 // `copied_early`: blk_s already holds the ids (BeginPartition's
 // early_blk_s); only checked mode reads them again, to validate.
-__device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const DecodeShape& shape,
+__device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const DecodePlan& plan,
                                               const DecodeWorkspace& ws, const PartitionState& st,
                                               int* blk_s, bool kernel_writes_output,
                                               bool copied_early = false) {
@@ -819,7 +730,7 @@ __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const Decod
   }
   __syncthreads();
   if (!bad_block) return true;
-  StoreNothingVisible(p, shape, ws, st, kernel_writes_output && PartitionWritesOutput(shape, st));
+  StoreNothingVisible(p, plan, ws, st, kernel_writes_output && PartitionWritesOutput(plan, st));
   return false;
 }
 
@@ -829,8 +740,7 @@ __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const Decod
 __device__ __forceinline__ float StageTokenScales(DType dtype, const uint8_t* head_scales,
                                                   int64_t block_stride, int entry,
                                                   const PartitionState& st, int bs,
-                                                  const int* blk_s, float* scale_s,
-                                                  float* min_s) {
+                                                  const int* blk_s, float* scale_s, float* min_s) {
   float largest = 0.0f;
   // Unrolled so that the scattered 2- or 4-byte loads of a thread are in
   // flight together, not one round trip each.
@@ -853,12 +763,11 @@ __device__ __forceinline__ float StageTokenScales(DType dtype, const uint8_t* he
 
 template <DType KT, int D, int kRows>
 __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow : kMinBlocksPerSm)
-    PartitionKernel(const __grid_constant__ DecodeParams p,
-                    const __grid_constant__ DecodeShape shape,
+    PartitionKernel(const __grid_constant__ DecodeParams p, const __grid_constant__ DecodePlan plan,
                     const __grid_constant__ DecodeWorkspace ws) {
   const CacheGeometry& g = p.geo;
   PartitionState st;
-  if (!BeginPartition(p, shape, ws, st, true)) return;  // past this sequence's end
+  if (!BeginPartition(p, plan, ws, st, true)) return;  // past this sequence's end
   const int bs = g.block_size;
   st.lay = MakeSmemLayout(g, st.rows, st.P);
   float* smem = SharedWords();
@@ -867,7 +776,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
 
   // The partition's block ids and V scales, shared by every row tile.
   int* blk_s = reinterpret_cast<int*>(smem + st.lay.blk);
-  if (!StageBlockIds(p, shape, ws, st, blk_s, true)) return;
+  if (!StageBlockIds(p, plan, ws, st, blk_s, true)) return;
   StageTokenScales(g.v_dtype,
                    p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride(),
                    g.v_scale_block_stride(), g.v_scale_entry_bytes(), st, bs, blk_s,
@@ -875,8 +784,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
 
   // With a soft-cap the scaled logit is divided by cap before tanh: fold
   // both into q. ALiBi is added after the cap (CpuBackend::Decode).
-  const float q_scale =
-      p.logits_soft_cap > 0.0f ? p.sm_scale / p.logits_soft_cap : p.sm_scale;
+  const float q_scale = p.logits_soft_cap > 0.0f ? p.sm_scale / p.logits_soft_cap : p.sm_scale;
   const int kd = st.lay.kd;
   const VMapping vm = MakeVMapping(g);
 
@@ -947,7 +855,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
     __syncthreads();
 
     // Phase 5: merge the teams, normalize, write the partials (or out).
-    const bool direct = PartitionWritesOutput(shape, st);
+    const bool direct = PartitionWritesOutput(plan, st);
     for (int idx = tid; idx < rt * D; idx += kThreads) {
       const int r = idx / D;
       const int d = idx - r * D;
@@ -955,8 +863,8 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
       for (int t = 0; t < vm.teams; ++t) s += smem[st.lay.vred + (t * rt + r) * D + d];
       const float sum = smem[st.lay.row_sum + r];
       const float o = sum > 0.0f ? (s + smem[st.lay.row_pm + r]) / sum : 0.0f;
-      StoreRowOut(p, ws, direct, RowOutIndex(p, shape, st, direct, r0 + r) + d, o);
-      if (d == 0) StoreRowStats(p, shape, ws, st, direct, r0 + r, smem[st.lay.row_max + r], sum);
+      StoreRowOut(p, ws, direct, RowOutIndex(p, plan, st, direct, r0 + r) + d, o);
+      if (d == 0) StoreRowStats(p, plan, ws, st, direct, r0 + r, smem[st.lay.row_max + r], sum);
     }
   }
 }
@@ -968,11 +876,11 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
 // chain of latencies (the length, the grid wait, the partials, the stores)
 // over a few KB, so what counts is how many chains run at once: one block
 // per row (128 threads, two channels each) made two waves of blocks at B =
-// 512, and its share of the decode was 6-8 us (docs/PERF_NOTES.md, sessions
-// 10 and 16). A lane takes four channels at a time (16-byte loads).
+// 512, and its share of the decode was 6-8 us (docs/archive.md, "Reduce
+// kernel and direct output"). A lane takes four channels at a time (16-byte loads).
 template <int kRows>
 __global__ void __launch_bounds__(32 * kRows)
-    ReduceKernel(const __grid_constant__ DecodeParams p, const __grid_constant__ DecodeShape shape,
+    ReduceKernel(const __grid_constant__ DecodeParams p, const __grid_constant__ DecodePlan plan,
                  const __grid_constant__ DecodeWorkspace ws) {
   constexpr int kChunk = 256;           // partition weights staged at a time (per warp)
   constexpr int kQuads = 256 / 4 / 32;  // 4-channel groups per lane (D <= 256)
@@ -985,9 +893,9 @@ __global__ void __launch_bounds__(32 * kRows)
   const int D = p.geo.head_size;
   const int quads = D / 4;
   const int len = SequenceLength(p, s);
-  const int nparts = PartitionCount(shape, len);
-  const bool written = PartitionWritesOutput(shape, len);
-  const int64_t base = PartialBase(p, shape, s, i, min(h, p.num_q_heads - 1));
+  const int nparts = PartitionCount(plan, len);
+  const bool written = PartitionWritesOutput(plan, len);
+  const int64_t base = PartialBase(p, plan, s, i, min(h, p.num_q_heads - 1));
   const int64_t row = int64_t{s} * p.query_len + i;
   // Everything above reads the caller's inputs, which were complete before
   // the partition kernel passed its own wait; the partials are its results.
@@ -1113,30 +1021,30 @@ inline int EnsureDynamicSmem(const void* kernel, size_t bytes, std::atomic<size_
 }
 
 // A partition kernel: grid (max_partitions, num_kv_heads, num_seqs).
-using PartitionKernelFn = void (*)(DecodeParams, DecodeShape, DecodeWorkspace);
+using PartitionKernelFn = void (*)(DecodeParams, DecodePlan, DecodeWorkspace);
 
 // Launches `kernel` with `threads` a block and `smem_bytes` of dynamic
 // shared memory, raising its limit first where needed (`configured`: the
 // kernel's own per-device record, kMaxSmemDevices entries).
 constexpr int kMaxSmemDevices = 64;
 inline int LaunchPartitionGrid(PartitionKernelFn kernel, std::atomic<size_t>* configured,
-                               const DecodeParams& p, const DecodeShape& shape,
-                               const DecodeWorkspace& ws, size_t smem_bytes,
-                               cudaStream_t stream, int threads = kThreads) {
+                               const DecodeParams& p, const DecodePlan& plan,
+                               const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream,
+                               int threads = kThreads) {
   const int err = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), smem_bytes, configured,
                                     kMaxSmemDevices);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(shape.max_partitions),
+  const dim3 grid(static_cast<unsigned>(plan.max_partitions),
                   static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.num_seqs));
-  return LaunchKernel(kernel, grid, dim3(threads), smem_bytes, stream, shape.dependent_launch, p,
-                      shape, ws);
+  return LaunchKernel(kernel, grid, dim3(threads), smem_bytes, stream, plan.dependent_launch, p,
+                      plan, ws);
 }
 
 template <DType KT, int D, int kRows>
-int LaunchPartitionKernelRows(const DecodeParams& p, const DecodeShape& shape,
+int LaunchPartitionKernelRows(const DecodeParams& p, const DecodePlan& plan,
                               const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
   static std::atomic<size_t> configured[kMaxSmemDevices];
-  return LaunchPartitionGrid(&PartitionKernel<KT, D, kRows>, configured, p, shape, ws, smem_bytes,
+  return LaunchPartitionGrid(&PartitionKernel<KT, D, kRows>, configured, p, plan, ws, smem_bytes,
                              stream);
 }
 
@@ -1148,19 +1056,19 @@ int LaunchPartitionKernelRows(const DecodeParams& p, const DecodeShape& shape,
 // there on every iteration when only one row is live). Two to four rows (a
 // GQA group of 4, or short multi-token queries) get a 4-row variant.
 template <DType KT, int D>
-int LaunchPartitionKernel(const DecodeParams& p, const DecodeShape& shape,
-                          const DecodeWorkspace& ws, size_t smem_bytes, cudaStream_t stream) {
+int LaunchPartitionKernel(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
+                          size_t smem_bytes, cudaStream_t stream) {
   const int rows = p.num_q_heads / p.geo.num_kv_heads * p.query_len;
-  if (rows == 1) return LaunchPartitionKernelRows<KT, D, 1>(p, shape, ws, smem_bytes, stream);
-  if (rows <= 4) return LaunchPartitionKernelRows<KT, D, 4>(p, shape, ws, smem_bytes, stream);
-  return LaunchPartitionKernelRows<KT, D, kRowTile>(p, shape, ws, smem_bytes, stream);
+  if (rows == 1) return LaunchPartitionKernelRows<KT, D, 1>(p, plan, ws, smem_bytes, stream);
+  if (rows <= 4) return LaunchPartitionKernelRows<KT, D, 4>(p, plan, ws, smem_bytes, stream);
+  return LaunchPartitionKernelRows<KT, D, kRowTile>(p, plan, ws, smem_bytes, stream);
 }
 
-#define KVPAGE_DECODE_INSTANTIATE(KT, D)                                              \
-  template int LaunchPartitionKernel<KT, D>(const DecodeParams&, const DecodeShape&,  \
+#define KVPAGE_DECODE_INSTANTIATE(KT, D)                                            \
+  template int LaunchPartitionKernel<KT, D>(const DecodeParams&, const DecodePlan&, \
                                             const DecodeWorkspace&, size_t, cudaStream_t);
-#define KVPAGE_DECODE_DECLARE_EXTERN(KT, D)                                                  \
-  extern template int LaunchPartitionKernel<KT, D>(const DecodeParams&, const DecodeShape&,  \
+#define KVPAGE_DECODE_DECLARE_EXTERN(KT, D)                                                \
+  extern template int LaunchPartitionKernel<KT, D>(const DecodeParams&, const DecodePlan&, \
                                                    const DecodeWorkspace&, size_t, cudaStream_t);
 
 }  // namespace decode

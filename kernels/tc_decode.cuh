@@ -57,7 +57,7 @@
 // bias still on (skipping one FP16 op a pair; the bias removed from the
 // products) was measured 2% faster and lost the FP32 accumulator's
 // precision: P.V by 2e-2 over long partitions, Q.K^T by 0.02 in a logit
-// (docs/PERF_NOTES.md). INT4 codes enter as FP16 subnormals instead (no
+// (docs/archive.md, "Exact codes in the mma"). INT4 codes enter as FP16 subnormals instead (no
 // bias at all, one LOP3 a pair): their units (2^-24, and 2^-20 for the
 // high nibbles) ride on q and P' and leave with the logit factor and the
 // output's normalization.
@@ -72,131 +72,25 @@
 
 #include "kernels/common/mma.cuh"
 #include "kernels/paged_decode.cuh"
+#include "src/manifest.h"
 
 namespace kvpage {
 namespace kernels {
 namespace decode {
 
-// Words of a token's scale record in shared memory: {k scale, v scale}
-// (INT8/FP8), {k scale, k min, v scale, v min} (INT4), none (16-bit).
-KVP_HOST_DEVICE constexpr int TcRecordWords(DType t) {
-  return t == DType::kINT4 ? 4 : IsQuantized(t) ? 2 : 0;
-}
-
-// Tokens a warp takes per step: four lanes' V spans of 64 / bits tokens.
-KVP_HOST_DEVICE constexpr int TcStepTokens(DType t) { return 4 * (64 / DTypeBits(t)); }
-
 template <DType T>
 struct TcFormat {
   static constexpr int kBits = DTypeBits(T);
-  static constexpr int kX = 128 / kBits;            // channels per 16-byte K chunk
-  static constexpr int kSpan = 64 / kBits;          // tokens of a V channel row in 8 bytes
+  static constexpr int kX = 128 / kBits;               // channels per 16-byte K chunk
+  static constexpr int kSpan = 64 / kBits;             // tokens of a V channel row in 8 bytes
   static constexpr int kStepTokens = TcStepTokens(T);  // tokens a warp takes per step
-  static constexpr int kTiles = kStepTokens / 16;   // 16-token mma k-steps per step
-  static constexpr bool kBf16 = T == DType::kBF16;  // mma input type; FP16 otherwise
-  static constexpr bool kSplit = !IsQuantized(T);   // 16-bit caches: hi + lo operands
+  static constexpr int kTiles = kStepTokens / 16;      // 16-token mma k-steps per step
+  static constexpr bool kBf16 = T == DType::kBF16;     // mma input type; FP16 otherwise
+  static constexpr bool kSplit = !IsQuantized(T);      // 16-bit caches: hi + lo operands
   // A lane's K tokens of a step lie in sub-spans of at most 8 consecutive,
   // 8-aligned tokens (INT4: two of them, 8 apart), so none crosses a block.
   static constexpr int kKHalves = T == DType::kINT4 ? 2 : 1;
 };
-
-// The head sizes with tensor-core kernels (the K dtypes are the
-// decode_tc_<dtype>.cu translation units).
-#define KVPAGE_TC_DECODE_FOR_EACH_HEAD_SIZE(X, T) X(T, 64) X(T, 128) X(T, 256)
-
-// Whether a tensor-core kernel can exist for (dtype, head size): four lanes
-// share a token's K row, one 16-byte chunk each, so the chunks must come in
-// fours. (Which head sizes are built: the list above.)
-KVP_HOST_DEVICE constexpr bool TcSupports(DType t, int head_size) {
-  return head_size % (4 * (128 / DTypeBits(t))) == 0;
-}
-
-// Column tiles of 8 query rows per pass for `rows` rows per KV head: one up
-// to 8 rows, two (16 rows per pass) beyond.
-KVP_HOST_DEVICE constexpr int TcColumnTiles(int rows) { return rows <= 8 ? 1 : 2; }
-
-// Blocks per SM the register budget is cut for, from measurements
-// (docs/PERF_NOTES.md): 3 (168 registers) for the one-column-tile kernels of
-// head size <= 128 with 16- and 8-bit codes (few spills; 4-7% faster than 2
-// at B = 512 and MHA); 2 (255 registers) elsewhere, INT4 included (its
-// dequantization spilled 232 bytes at 168 registers; 2 blocks measured
-// 15-25% faster).
-KVP_HOST_DEVICE constexpr int TcMinBlocksPerSm(DType t, int head_size, int column_tiles) {
-  return t != DType::kINT4 && head_size <= 128 && column_tiles == 1 ? 3 : 2;
-}
-
-// Stages of the shared-memory ring that carries each warp's K and V codes
-// (cp.async, every lane its own slots) ahead of use, or 0: the codes go
-// through registers one step ahead. The ring keeps two steps in flight
-// while a third is consumed, and frees the registers the codes held; INT4
-// at head size 128 waited on its K codes at every step with registers
-// (ncu, docs/PERF_NOTES.md "Tensor-core path, third version"). Its 102 KB
-// (3 stages x 4 warps x 8.5 KB) leave room for two blocks per SM at any
-// partition size: the stages carry the scale entries, so no per-partition
-// record table is staged. (Other dtypes measured slower with it.)
-KVP_HOST_DEVICE constexpr int TcRingStages(DType t, int head_size) {
-  return t == DType::kINT4 && head_size <= 128 ? 3 : 0;
-}
-
-// Bytes of one ring stage of one warp: every lane's K chunks (16 bytes
-// each) and V spans (8 bytes each) of a step, slot-major, so that the 32
-// lanes' copies of one slot are adjacent (conflict-free shared loads).
-KVP_HOST_DEVICE constexpr int TcRingKSlots(DType t, int head_size) {
-  return TcStepTokens(t) / 16 * 2 * (head_size / (128 / DTypeBits(t)) / 4);
-}
-KVP_HOST_DEVICE constexpr int TcRingVSlots(int head_size) { return head_size / 16 * 2; }
-// Bytes of a token's K (or V) scale entry as stored: {scale, min} halves
-// (INT4), a scale half (INT8/FP8), none.
-KVP_HOST_DEVICE constexpr int TcEntryBytes(DType t) {
-  return t == DType::kINT4 ? 4 : IsQuantized(t) ? 2 : 0;
-}
-// A stage also carries the step's scale entries as stored, K then V, so
-// that no per-partition record table is staged (or kept) in shared memory.
-KVP_HOST_DEVICE constexpr int TcStageBytes(DType t, int head_size) {
-  return 32 * (16 * TcRingKSlots(t, head_size) + 8 * TcRingVSlots(head_size)) +
-         2 * TcStepTokens(t) * TcEntryBytes(t);
-}
-
-// Shared memory of the tensor-core kernel, in 4-byte words.
-struct TcSmemLayout {
-  int blk;   // [partition_size / block_size] physical block ids
-  int rec;   // [partition_size rounded up to a step][record words]
-  int stat;  // [3][kWarps][pass_rows]: each warp's row max (log2 units),
-             // sum(p), sum(p * vmin)
-  int row;   // [pass_rows][8]: a row's merge coefficients (TcRowMerge)
-  int out;   // [kWarps][out_warp]: each warp's O, unnormalized, [pass_rows]
-             // [head_size + 4] (rows padded by 4 words: the fragment stores
-             // hit 32 banks); with a ring, inside the warp's own ring slice
-             // (written once the warp's steps are done)
-  int out_warp;
-  int ring;  // [kWarps][ring_warp]: each warp's TcRingStages stages
-  int ring_warp;
-  int total;
-};
-
-KVP_HOST_DEVICE constexpr TcSmemLayout MakeTcSmemLayout(const CacheGeometry &g, int partition_size,
-                                                        int pass_rows) {
-  TcSmemLayout s{};
-  const int step = TcStepTokens(g.k_dtype);
-  int o = 0;
-  s.blk = o;
-  o += AlignWords(partition_size / g.block_size);
-  s.rec = o;  // none with a ring: its stages carry the scale entries
-  if (TcRingStages(g.k_dtype, g.head_size) == 0) {
-    o += (partition_size + step - 1) / step * step * TcRecordWords(g.k_dtype);
-  }
-  s.stat = o;
-  o += AlignWords(3 * kWarps * pass_rows);
-  s.row = o;
-  o += 8 * pass_rows;
-  const int out_rows = pass_rows * (g.head_size + 4);
-  s.ring = s.out = o;
-  s.ring_warp = TcRingStages(g.k_dtype, g.head_size) * TcStageBytes(g.k_dtype, g.head_size) / 4;
-  s.out_warp = s.ring_warp > out_rows ? s.ring_warp : out_rows;
-  o += kWarps * s.out_warp;
-  s.total = o;
-  return s;
-}
 
 // A merged row of the partition: out[d] = sum_w coef[w] * O_w[d] + add.
 struct TcRowMerge {
@@ -231,7 +125,7 @@ __device__ __forceinline__ uint32_t KeepHalves(uint32_t x, bool lo, bool hi) {
 
 // What a partition's logits obey (used by the staged kernel; TcPartitionKernel
 // below keeps the same rules inline: written with these helpers, INT4's ring
-// kernel grew from 195 to 213 registers, docs/PERF_NOTES.md session 27): the soft-cap
+// kernel grew from 195 to 213 registers, docs/archive.md, "INT4 ring"): the soft-cap
 // (the scaled logit is divided by cap before tanh), ALiBi, the logit scale,
 // and the partition tokens every row sees whole (no window or causal cut):
 // steps inside [vis_lo, vis_hi] skip the masks.
@@ -240,8 +134,8 @@ struct TcLogitRules {
   bool alibi, plain;
   int vis_lo, vis_hi;
 };
-__device__ __forceinline__ TcLogitRules MakeTcLogitRules(const DecodeParams &p,
-                                                         const PartitionState &st) {
+__device__ __forceinline__ TcLogitRules MakeTcLogitRules(const DecodeParams& p,
+                                                         const PartitionState& st) {
   TcLogitRules r;
   r.cap = p.logits_soft_cap;
   r.q_scale = r.cap > 0.0f ? p.sm_scale / r.cap : p.sm_scale;
@@ -259,7 +153,7 @@ struct TcRowMask {
   int pos, lo;
   float slope;
 };
-__device__ __forceinline__ TcRowMask MakeTcRowMask(const DecodeParams &p, const PartitionState &st,
+__device__ __forceinline__ TcRowMask MakeTcRowMask(const DecodeParams& p, const PartitionState& st,
                                                    bool alibi, int row) {
   const int gi = row / p.query_len;
   const int i = row - gi * p.query_len;
@@ -275,7 +169,7 @@ __device__ __forceinline__ TcRowMask MakeTcRowMask(const DecodeParams &p, const 
 // A logit y (log2 units, the row's factor applied) of token t through the
 // soft-cap, ALiBi and the row's mask (`in`: t is before the sequence end);
 // -inf where the row does not see t.
-__device__ __forceinline__ float MaskedLogit(float y, const TcLogitRules &r, const TcRowMask &m,
+__device__ __forceinline__ float MaskedLogit(float y, const TcLogitRules& r, const TcRowMask& m,
                                              int t, bool in) {
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr float kLn2 = 0.6931471805599453f;
@@ -308,13 +202,13 @@ __device__ __forceinline__ float QOperandScale(float amax) {
 // all of its chunks in flight together. Returns the largest V scale this
 // thread stored.
 template <DType T, int kBS>
-__device__ __forceinline__ float StageTcRecords(const DecodeParams &p, const PartitionState &st,
-                                                const int *blk_s, float *rec) {
+__device__ __forceinline__ float StageTcRecords(const DecodeParams& p, const PartitionState& st,
+                                                const int* blk_s, float* rec) {
   float largest = 0.0f;
   if constexpr (TcRecordWords(T) != 0) {
-    const CacheGeometry &g = p.geo;
-    const uint8_t *ks = p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride();
-    const uint8_t *vs = p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride();
+    const CacheGeometry& g = p.geo;
+    const uint8_t* ks = p.layer + g.k_scale_offset() + int64_t{st.kvh} * g.k_scale_head_stride();
+    const uint8_t* vs = p.layer + g.v_scale_offset() + int64_t{st.kvh} * g.v_scale_head_stride();
     const int64_t kbs = g.k_scale_block_stride(), vbs = g.v_scale_block_stride();
     constexpr int kEntry = T == DType::kINT4 ? 4 : 2;  // bytes (K = V dtype)
     constexpr int kPerChunk = 16 / kEntry;             // tokens of a 16-byte chunk
@@ -337,9 +231,9 @@ __device__ __forceinline__ float StageTcRecords(const DecodeParams &p, const Par
         TokenScale v = TokenScaleFromBits<T>(vw[t * kEntry / 4] >> shift);
         if (j >= st.n_valid) k = v = {0.0f, 0.0f};  // stale slots of the last block
         if constexpr (T == DType::kINT4) {
-          reinterpret_cast<float4 *>(rec)[j] = make_float4(k.scale, k.min, v.scale, v.min);
+          reinterpret_cast<float4*>(rec)[j] = make_float4(k.scale, k.min, v.scale, v.min);
         } else {
-          reinterpret_cast<float2 *>(rec)[j] = make_float2(k.scale, v.scale);
+          reinterpret_cast<float2*>(rec)[j] = make_float2(k.scale, v.scale);
         }
         largest = fmaxf(largest, v.scale);
       }
@@ -357,7 +251,7 @@ __device__ __forceinline__ float StageTcRecords(const DecodeParams &p, const Par
 template <DType T, int D, int kNT, int kBS>
 __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     TcPartitionKernel(const __grid_constant__ DecodeParams p,
-                      const __grid_constant__ DecodeShape shape,
+                      const __grid_constant__ DecodePlan plan,
                       const __grid_constant__ DecodeWorkspace ws) {
   using F = TcFormat<T>;
   constexpr bool kBf16 = F::kBf16;
@@ -375,7 +269,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   constexpr int kStages = TcRingStages(T, D);
   constexpr bool kRing = kStages > 0;
   constexpr int kKSlots = TcRingKSlots(T, D);
-  static_assert(kKSlots == F::kTiles * 2 * kLaneChunks, "ring K slots: a lane's K chunks of a step");
+  static_assert(kKSlots == F::kTiles * 2 * kLaneChunks,
+                "ring K slots: a lane's K chunks of a step");
   static_assert(kLaneChunks * kChunkSteps == kKSteps, "four lanes per K row");
   static_assert(D % 8 == 0 && F::kX % 8 == 0, "q is loaded eight channels at a time");
   constexpr bool kMaskV = T != DType::kINT8 && T != DType::kINT4;  // codes that can be NaN
@@ -389,25 +284,25 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   constexpr float kLoUnit = CodePairUnit<T>(false);
   constexpr float kHiRatio = CodePairUnit<T>(false) / CodePairUnit<T>(true);
 
-  const CacheGeometry &g = p.geo;
+  const CacheGeometry& g = p.geo;
   PartitionState st;
   // The ring kernel's first partition copies its block ids while the
   // length loads (CopyTableSlice): INT4 0.2-1.3% faster on every benchmark
   // shape. Not its other partitions, which ragged batches leave mostly
   // empty (copies for nothing: +0.2% there), nor the register path (no
   // gain measured, and moving its layout ahead of BeginPartition cost
-  // FP8/INT8 1-2%: its code stays as it was; docs/PERF_NOTES.md, session
-  // 19).
+  // FP8/INT8 1-2%: its code stays as it was; docs/archive.md, "INT4
+  // ring").
   int* early_blk_s = nullptr;
   if constexpr (kRing) {
     if (blockIdx.x == 0) {
-      early_blk_s = reinterpret_cast<int*>(
-          SharedWords() + MakeTcSmemLayout(g, shape.partition_size, kPassRows).blk);
+      early_blk_s = reinterpret_cast<int*>(SharedWords() +
+                                           MakeTcSmemLayout(g, plan.partition_size, kPassRows).blk);
     }
   }
-  if (!BeginPartition(p, shape, ws, st, kRing, early_blk_s)) return;  // past this sequence's end
+  if (!BeginPartition(p, plan, ws, st, kRing, early_blk_s)) return;  // past this sequence's end
   const TcSmemLayout lay = MakeTcSmemLayout(g, st.P, kPassRows);
-  float *smem = SharedWords();
+  float* smem = SharedWords();
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
@@ -420,13 +315,13 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 
   __shared__ unsigned vmax_bits;
   if (tid == 0) vmax_bits = 0u;  // ordered by StageBlockIds' barriers
-  int *blk_s = reinterpret_cast<int *>(smem + lay.blk);
-  if (!StageBlockIds(p, shape, ws, st, blk_s, kRing, early_blk_s != nullptr)) return;
-  const uint8_t *k_head = p.layer + g.k_data_offset() + int64_t{st.kvh} * g.k_head_stride();
-  const uint8_t *v_head = p.layer + g.v_data_offset() + int64_t{st.kvh} * g.v_head_stride();
+  int* blk_s = reinterpret_cast<int*>(smem + lay.blk);
+  if (!StageBlockIds(p, plan, ws, st, blk_s, kRing, early_blk_s != nullptr)) return;
+  const uint8_t* k_head = p.layer + g.k_data_offset() + int64_t{st.kvh} * g.k_head_stride();
+  const uint8_t* v_head = p.layer + g.v_data_offset() + int64_t{st.kvh} * g.v_head_stride();
   const int64_t k_block_stride = g.k_block_stride();
   const int64_t v_block_stride = g.v_block_stride();
-  constexpr int chunk4 = 4 * bs * 16;  // bytes between a lane's K chunks of one token
+  constexpr int chunk4 = 4 * bs * 16;   // bytes between a lane's K chunks of one token
   constexpr int vrow = bs * kBits / 8;  // bytes of a V channel row in a block
   constexpr int vrow8 = 8 * vrow;       // between the V rows of hh and i neighbours
   // With a soft-cap the scaled logit is divided by cap before tanh.
@@ -441,8 +336,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 
   // A lane's K tokens in a step: s0 + k_lane + StepToken<T>(j, 8 hh).
   const int k_lane = F::kSpan * (grp >> 1) + (kInt4 ? 4 : 1) * (grp & 1);
-  const uint8_t *k_lane_head = k_head + (k_lane % 8) * 16 + tig * (bs * 16);
-  const uint8_t *v_lane_head = v_head + grp * vrow;
+  const uint8_t* k_lane_head = k_head + (k_lane % 8) * 16 + tig * (bs * 16);
+  const uint8_t* v_lane_head = v_head + grp * vrow;
 
   // Registers of one step's K and V codes (no ring). A step's loads are
   // issued a step ahead: K once S^T of the step before has consumed its
@@ -452,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   uint2 vraw[kRing ? 1 : kMTiles][2];
   // With a ring: this lane's slots of stage `stage` (K slot (j, hh, c),
   // V slot (i, hh)); the lane copies into and reads back only its own.
-  uint8_t *const ring = reinterpret_cast<uint8_t *>(smem + lay.ring + warp * lay.ring_warp);
+  uint8_t* const ring = reinterpret_cast<uint8_t*>(smem + lay.ring + warp * lay.ring_warp);
   auto k_slot = [&](int stage, int j, int hh, int c) {
     return ring + stage * TcStageBytes(T, D) + (((j * 2 + hh) * kLaneChunks + c) * 32 + lane) * 16;
   };
@@ -469,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   // ends before the sequence does (no guards).
   auto load_k = [&](const int s0, const int stage, auto full) {
     constexpr bool kFull = decltype(full)::value;
-    const uint8_t *kb[F::kKHalves];
+    const uint8_t* kb[F::kKHalves];
 #pragma unroll
     for (int h = 0; h < F::kKHalves; ++h) {
       const int t8 = s0 + ((k_lane + 8 * h) & ~7);  // the sub-span's first token
@@ -482,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       for (int hh = 0; hh < 2; ++hh) {
         const int off = StepToken<T>(j, 8 * hh);  // compile-time after unrolling
         const int h = off / 8;
-        const uint8_t *kp = kb[h] + (off % 8) * 16;
+        const uint8_t* kp = kb[h] + (off % 8) * 16;
         const bool in = kFull || s0 + k_lane + off < st.n_valid;
 #pragma unroll
         for (int c = 0; c < kLaneChunks; ++c) {
@@ -497,25 +392,25 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   };
   // V: the lane's span of every channel row it holds. The ring's V copies
   // stay 8-byte, L1-allocating ones: pairing a lane's rows into 16-byte
-  // copies (which bypass L1) measured 19% slower (docs/PERF_NOTES.md,
-  // session 20).
+  // copies (which bypass L1) measured 19% slower (docs/archive.md,
+  // "INT4 ring").
   auto load_v = [&](const int s0, const int stage, auto full) {
     constexpr bool kFull = decltype(full)::value;
     const int span_tok = s0 + F::kSpan * tig;
     const bool in = kFull || span_tok < st.n_valid;
     const int b = in ? blk_s[span_tok >> lbs] : 0;
-    const uint8_t *vb = v_lane_head + int64_t{b} * v_block_stride +
-                        (span_tok & (bs - 1)) * kBits / 8;
+    const uint8_t* vb =
+        v_lane_head + int64_t{b} * v_block_stride + (span_tok & (bs - 1)) * kBits / 8;
     if constexpr (!kInt4 || bs > 8) {
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const uint8_t *vp = vb + (2 * i + hh) * vrow8;
+          const uint8_t* vp = vb + (2 * i + hh) * vrow8;
           if constexpr (kRing) {
             CpAsync<8, true>(v_slot(stage, i, hh), vp, in);
           } else {
-            vraw[i][hh] = in ? __ldg(reinterpret_cast<const uint2 *>(vp)) : make_uint2(0u, 0u);
+            vraw[i][hh] = in ? __ldg(reinterpret_cast<const uint2*>(vp)) : make_uint2(0u, 0u);
           }
         }
       }
@@ -523,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       // An INT4 span of 16 tokens over two blocks of 8: two 4-byte rows.
       const bool in2 = kFull || span_tok + 8 < st.n_valid;
       const int b2 = in2 ? blk_s[(span_tok >> lbs) + 1] : 0;
-      const uint8_t *vb2 = v_lane_head + int64_t{b2} * v_block_stride;
+      const uint8_t* vb2 = v_lane_head + int64_t{b2} * v_block_stride;
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
 #pragma unroll
@@ -533,9 +428,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
             CpAsync<4>(v_slot(stage, i, hh), vb + off, in);
             CpAsync<4>(v_slot(stage, i, hh) + 4, vb2 + off, in2);
           } else {
-            vraw[i][hh] = make_uint2(
-                in ? __ldg(reinterpret_cast<const unsigned *>(vb + off)) : 0u,
-                in2 ? __ldg(reinterpret_cast<const unsigned *>(vb2 + off)) : 0u);
+            vraw[i][hh] =
+                make_uint2(in ? __ldg(reinterpret_cast<const unsigned*>(vb + off)) : 0u,
+                           in2 ? __ldg(reinterpret_cast<const unsigned*>(vb2 + off)) : 0u);
           }
         }
       }
@@ -545,15 +440,15 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   // kRecChunks lanes): chunk q covers 16 / kEntry tokens of one block.
   constexpr int kRecChunks = kStep * kEntry / 16;
   constexpr int kRecTokens = kEntry > 0 ? 16 / kEntry : 1;  // tokens of a chunk
-  static_assert(!kRing || kEntry == 0 ||
-                    (kRecChunks >= 1 && 2 * kRecChunks <= 32 && kRecTokens <= kBS),
-                "a step's scale entries: whole 16-byte chunks, one per lane at most");
+  static_assert(
+      !kRing || kEntry == 0 || (kRecChunks >= 1 && 2 * kRecChunks <= 32 && kRecTokens <= kBS),
+      "a step's scale entries: whole 16-byte chunks, one per lane at most");
   // Lane q < 2 * kRecChunks copies chunk q % kRecChunks of the K (q <
   // kRecChunks) or V entries: its token offset in a step and, since steps
   // start on a block boundary, its entry's place in the block are the same
   // at every step. Computed here once: inside the lane-conditional copy the
   // compiler recomputed the geometry's offsets (a division among them) at
-  // every step, about 95 instructions (docs/PERF_NOTES.md, session 11).
+  // every step, about 95 instructions (docs/archive.md, "INT4 ring").
   static_assert(!kRing || kStep % kBS == 0, "ring steps start on a block boundary");
   const bool rec_is_v = lane >= kRecChunks;
   const int rec_tok = (lane % max(kRecChunks, 1)) * kRecTokens;
@@ -600,17 +495,17 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   // Register path: each step's loads are issued one step ahead, which ncu
   // found too little to cover DRAM's latency (FP8 at B = 512: 57% of the
   // warps' stall samples on the first use of the K codes). So the L2 fetches
-  // the K blocks of the warp's step shape.prefetch_k_steps ahead and the V
+  // the K blocks of the warp's step plan.prefetch_k_steps ahead and the V
   // blocks prefetch_v_steps ahead (0: none): one bulk prefetch per block
   // and region from lanes 0 .. kPfBlocks - 1 (K) and the next kPfBlocks
   // (V), no registers held. Further ahead than a step thrashed L2
-  // (docs/PERF_NOTES.md, session 11).
+  // (docs/archive.md, "L2 prefetch").
   constexpr int kPfBlocks = kStep >= kBS ? kStep / kBS : 1;  // blocks a step touches
   constexpr int kKBlockBytes = kLaneChunks * 4 * kBS * 16;   // one KV head's K of a block
   constexpr int kVBlockBytes = D * kBS * kBits / 8;
   const int pf_steps = kRing || lane >= 2 * kPfBlocks ? 0
-                       : lane < kPfBlocks             ? shape.prefetch_k_steps
-                                                      : shape.prefetch_v_steps;
+                       : lane < kPfBlocks             ? plan.prefetch_k_steps
+                                                      : plan.prefetch_v_steps;
   const int pf_ahead = pf_steps * kWarps * kStep;  // tokens
   // This lane's prefetch for the warp's step at s0 (its first token). A
   // step shorter than a block shares it with the next warp's: the warp
@@ -630,7 +525,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   // The warp's step (s0) and its next one (nxt), every kWarps-th step of
   // the partition. The register path carries the next step in a register
   // instead of forming s0 + kWarps * kStep at each use: BF16 in 2752-token
-  // partitions measured 0.5-1.8% faster (docs/PERF_NOTES.md, session 26).
+  // partitions measured 0.5-1.8% faster (docs/archive.md, "Tensor-core decode:
+  // register path").
   // The ring keeps its own loop as it was (with nxt live its registers
   // grew from 195 to 197).
   int s0 = 0, nxt = 0;
@@ -644,7 +540,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
   };
   start_pass();
 
-  const float *rec = smem + lay.rec;
+  const float* rec = smem + lay.rec;
   if constexpr (!kRing) {
     const float vlargest = StageTcRecords<T, kBS>(p, st, blk_s, smem + lay.rec);
     if (kRec != 0) atomicMax(&vmax_bits, __float_as_uint(vlargest));  // scales >= 0 order as bits
@@ -830,9 +726,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
         }
 #pragma unroll
         for (int c = 0; c < kLaneChunks; ++c) {
-          const uint4 k0 = kRing ? *reinterpret_cast<const uint4 *>(k_slot(stage, j, 0, c))
+          const uint4 k0 = kRing ? *reinterpret_cast<const uint4*>(k_slot(stage, j, 0, c))
                                  : kraw[kRing ? 0 : j][0][c];
-          const uint4 k1 = kRing ? *reinterpret_cast<const uint4 *>(k_slot(stage, j, 1, c))
+          const uint4 k1 = kRing ? *reinterpret_cast<const uint4*>(k_slot(stage, j, 1, c))
                                  : kraw[kRing ? 0 : j][1][c];
           const uint32_t w0[4] = {k0.x, k0.y, k0.z, k0.w};
           const uint32_t w1[4] = {k1.x, k1.y, k1.z, k1.w};
@@ -882,22 +778,22 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
             // Entries as stored; past the sequence end stale bytes: zeros.
             // (16-bit caches have none: TokenScaleFromBits gives 1, 0.)
             uint32_t kb = 0, vb = 0;
-            const uint8_t *entries = rec_slot(stage) + kEntry * (tt - s0);
+            const uint8_t* entries = rec_slot(stage) + kEntry * (tt - s0);
             if constexpr (kEntry == 4) {
-              kb = *reinterpret_cast<const uint32_t *>(entries);
-              vb = *reinterpret_cast<const uint32_t *>(entries + kStep * 4);
+              kb = *reinterpret_cast<const uint32_t*>(entries);
+              vb = *reinterpret_cast<const uint32_t*>(entries + kStep * 4);
             } else if constexpr (kEntry == 2) {
-              kb = *reinterpret_cast<const uint16_t *>(entries);
-              vb = *reinterpret_cast<const uint16_t *>(entries + kStep * 2);
+              kb = *reinterpret_cast<const uint16_t*>(entries);
+              vb = *reinterpret_cast<const uint16_t*>(entries + kStep * 2);
             }
             const TokenScale k = TokenScaleFromBits<T>(in ? kb : 0u);
             const TokenScale v = TokenScaleFromBits<T>(in ? vb : 0u);
             ks = k.scale, km = k.min, vs[j][hh] = v.scale, vm[j][hh] = v.min;
           } else if constexpr (kRec == 4) {
-            const float4 r = *reinterpret_cast<const float4 *>(rec + 4 * tt);
+            const float4 r = *reinterpret_cast<const float4*>(rec + 4 * tt);
             ks = r.x, km = r.y, vs[j][hh] = r.z * vfac_hh[hh], vm[j][hh] = r.w;
           } else if constexpr (kRec == 2) {
-            const float2 r = *reinterpret_cast<const float2 *>(rec + 2 * tt);
+            const float2 r = *reinterpret_cast<const float2*>(rec + 2 * tt);
             ks = r.x, vs[j][hh] = r.y * vfac_hh[hh];
           }
           const int t = st.start + tt;
@@ -932,7 +828,7 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       // lanes' own maxima ahead of these shuffles, as for the V scales
       // below, measured slower for short partitions: on random logits some
       // row of eight grows at most of their steps, which then pay for the
-      // vote too (docs/PERF_NOTES.md, session 18).
+      // vote too (docs/archive.md, "Tensor-core decode: register path").
       bool grew = false;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -1051,10 +947,10 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
       // cost the FP32 accumulator the precision the output needs.
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
-        const uint2 v0 = kRing ? *reinterpret_cast<const uint2 *>(v_slot(stage, i, 0))
-                               : vraw[kRing ? 0 : i][0];
-        const uint2 v1 = kRing ? *reinterpret_cast<const uint2 *>(v_slot(stage, i, 1))
-                               : vraw[kRing ? 0 : i][1];
+        const uint2 v0 =
+            kRing ? *reinterpret_cast<const uint2*>(v_slot(stage, i, 0)) : vraw[kRing ? 0 : i][0];
+        const uint2 v1 =
+            kRing ? *reinterpret_cast<const uint2*>(v_slot(stage, i, 1)) : vraw[kRing ? 0 : i][1];
         const uint32_t w0[2] = {v0.x, v0.y};
         const uint32_t w1[2] = {v1.x, v1.y};
 #pragma unroll
@@ -1113,8 +1009,8 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     }
 
     // ---- Merge the warps, normalize, write the partials.
-    float *stat = smem + lay.stat;
-    float *wout = smem + lay.out;
+    float* stat = smem + lay.stat;
+    float* wout = smem + lay.out;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -1145,9 +1041,9 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
     const int live_rows = min(kPassRows, st.rows - r0);
     // Only the ring kernel writes out directly: compiled into the
     // 168-register kernels, the direct stores cost them 2-3% on multi-wave
-    // grids (docs/PERF_NOTES.md, session 10).
-    const bool direct = kRing && PartitionWritesOutput(shape, st);
-    auto *merge = reinterpret_cast<TcRowMerge *>(smem + lay.row);
+    // grids (docs/archive.md, "Direct output").
+    const bool direct = kRing && PartitionWritesOutput(plan, st);
+    auto* merge = reinterpret_cast<TcRowMerge*>(smem + lay.row);
     if (tid < live_rows) {
       const int r = tid;
       float m = -INFINITY;
@@ -1167,12 +1063,12 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) mg.coef[w] = f[w] * inv_vfac * inv;
       mg.add = pm * inv;
-      const int64_t at = RowOutIndex(p, shape, st, direct, r0 + r);
+      const int64_t at = RowOutIndex(p, plan, st, direct, r0 + r);
       mg.index_lo = static_cast<int>(at & 0xFFFFFFFF);
       mg.index_hi = static_cast<int>(at >> 32);
       mg.pad = 0.0f;
       merge[r] = mg;
-      StoreRowStats(p, shape, ws, st, direct, r0 + r, m * kLn2, sum);  // natural log units
+      StoreRowStats(p, plan, ws, st, direct, r0 + r, m * kLn2, sum);  // natural log units
     }
     __syncthreads();
     constexpr int kQuads = D / 4;
@@ -1209,27 +1105,27 @@ __global__ void __launch_bounds__(kThreads, TcMinBlocksPerSm(T, D, kNT))
 // Launches TcPartitionKernel<T, D, kNT, kBS> with the shared memory it lays
 // out.
 template <DType T, int D, int kNT, int kBS>
-int LaunchTcPartitionKernelShape(const DecodeParams &p, const DecodeShape &shape,
-                                 const DecodeWorkspace &ws, cudaStream_t stream) {
+int LaunchTcPartitionKernelShape(const DecodeParams& p, const DecodePlan& plan,
+                                 const DecodeWorkspace& ws, cudaStream_t stream) {
   static std::atomic<size_t> configured[kMaxSmemDevices];
-  const size_t smem_bytes = sizeof(float) * static_cast<size_t>(
-                                MakeTcSmemLayout(p.geo, shape.partition_size, 8 * kNT).total);
-  return LaunchPartitionGrid(&TcPartitionKernel<T, D, kNT, kBS>, configured, p, shape, ws,
+  const size_t smem_bytes =
+      sizeof(float) *
+      static_cast<size_t>(MakeTcSmemLayout(p.geo, plan.partition_size, 8 * kNT).total);
+  return LaunchPartitionGrid(&TcPartitionKernel<T, D, kNT, kBS>, configured, p, plan, ws,
                              smem_bytes, stream);
 }
 
 template <DType T, int D, int kNT>
-int LaunchTcPartitionKernelRows(const DecodeParams &p, const DecodeShape &shape,
-                                const DecodeWorkspace &ws, cudaStream_t stream) {
+int LaunchTcPartitionKernelRows(const DecodeParams& p, const DecodePlan& plan,
+                                const DecodeWorkspace& ws, cudaStream_t stream) {
   switch (p.geo.block_size) {
-    case 8:
-      return LaunchTcPartitionKernelShape<T, D, kNT, 8>(p, shape, ws, stream);
-    case 16:
-      return LaunchTcPartitionKernelShape<T, D, kNT, 16>(p, shape, ws, stream);
-    case 32:
-      return LaunchTcPartitionKernelShape<T, D, kNT, 32>(p, shape, ws, stream);
+#define KVPAGE_TC_BLOCK_SIZE_CASE(BS) \
+  case BS:                            \
+    return LaunchTcPartitionKernelShape<T, D, kNT, BS>(p, plan, ws, stream);
+    KVPAGE_MANIFEST_TC_BLOCK_SIZES(KVPAGE_TC_BLOCK_SIZE_CASE)
+#undef KVPAGE_TC_BLOCK_SIZE_CASE
     default:
-      return cudaErrorInvalidValue;  // the cache validated it (8, 16, 32)
+      return cudaErrorInvalidValue;  // not in the manifest: the plan never picks it
   }
 }
 
@@ -1237,23 +1133,23 @@ int LaunchTcPartitionKernelRows(const DecodeParams &p, const DecodeShape &shape,
 // LaunchPartitionKernel (the shared memory argument is recomputed: the two
 // kernels lay it out differently).
 template <DType T, int D>
-int LaunchTcPartitionKernel(const DecodeParams &p, const DecodeShape &shape,
-                            const DecodeWorkspace &ws, size_t /*smem_bytes*/, cudaStream_t stream) {
+int LaunchTcPartitionKernel(const DecodeParams& p, const DecodePlan& plan,
+                            const DecodeWorkspace& ws, size_t /*smem_bytes*/, cudaStream_t stream) {
   if constexpr (!TcSupports(T, D)) {
     return cudaErrorInvalidValue;
   } else {
     const int rows = p.num_q_heads / p.geo.num_kv_heads * p.query_len;
-    if (TcColumnTiles(rows) == 1) return LaunchTcPartitionKernelRows<T, D, 1>(p, shape, ws, stream);
-    return LaunchTcPartitionKernelRows<T, D, 2>(p, shape, ws, stream);
+    if (TcColumnTiles(rows) == 1) return LaunchTcPartitionKernelRows<T, D, 1>(p, plan, ws, stream);
+    return LaunchTcPartitionKernelRows<T, D, 2>(p, plan, ws, stream);
   }
 }
 
-#define KVPAGE_TC_DECODE_INSTANTIATE(T, D)                                              \
-  template int LaunchTcPartitionKernel<T, D>(const DecodeParams &, const DecodeShape &, \
-                                             const DecodeWorkspace &, size_t, cudaStream_t);
-#define KVPAGE_TC_DECODE_DECLARE_EXTERN(T, D)        \
-  extern template int LaunchTcPartitionKernel<T, D>( \
-      const DecodeParams &, const DecodeShape &, const DecodeWorkspace &, size_t, cudaStream_t);
+#define KVPAGE_TC_DECODE_INSTANTIATE(T, D)                                           \
+  template int LaunchTcPartitionKernel<T, D>(const DecodeParams&, const DecodePlan&, \
+                                             const DecodeWorkspace&, size_t, cudaStream_t);
+#define KVPAGE_TC_DECODE_DECLARE_EXTERN(T, D)                                               \
+  extern template int LaunchTcPartitionKernel<T, D>(const DecodeParams&, const DecodePlan&, \
+                                                    const DecodeWorkspace&, size_t, cudaStream_t);
 
 }  // namespace decode
 }  // namespace kernels

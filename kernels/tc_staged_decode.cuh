@@ -2,7 +2,7 @@
 // and V at block size 16, up to 8 query rows per KV head. Same grid, same
 // split-K partials, same reduce kernel and graph-stable launch as
 // TcPartitionKernel (tc_decode.cuh), whose register path it replaces where
-// it runs (DecodeShape::staged): that path holds a step's codes in each
+// it runs (DecodePlan::staged): that path holds a step's codes in each
 // warp's registers, which caps the bytes an SM keeps in flight, and BF16
 // stayed at 91-92% of the copy bandwidth at 128 sequences. Here one
 // producer warp copies each stage's blocks with the copy engine into a ring
@@ -44,43 +44,9 @@ namespace kvpage {
 namespace kernels {
 namespace decode {
 
-constexpr int kStagedBlockSize = 16;
-constexpr int kStagedConsumerWarps = 4;
-constexpr int kStagedStageBlocks = kStagedConsumerWarps;  // one block per consumer warp
-constexpr int kStagedStageTokens = kStagedStageBlocks * kStagedBlockSize;
-constexpr int kStagedStages = 3;
-constexpr int kStagedThreads = 32 * (1 + kStagedConsumerWarps);
-constexpr int kStagedMaxRows = 8;
-constexpr int kStagedBlocksPerSm = 2;
-
-// Whether the staged kernel exists for (K = V dtype, head size, block size)
-// and `rows` query rows per KV head (GQA group x query tokens).
-KVP_HOST_DEVICE constexpr bool StagedSupports(const CacheGeometry& g, int rows) {
-  return g.k_dtype == g.v_dtype && (g.k_dtype == DType::kBF16 || g.k_dtype == DType::kFP16) &&
-         g.block_size == kStagedBlockSize && g.head_size == 128 && rows >= 1 &&
-         rows <= kStagedMaxRows;
-}
-
-// Bytes of one stage: K and V pieces of kStagedStageBlocks blocks.
-KVP_HOST_DEVICE constexpr int StagedStageBytes(int head_size) {
-  return kStagedStageBlocks * 2 * head_size * kStagedBlockSize * 2;
-}
-// The partition's block ids, ahead of the stages: a multiple of 128 bytes,
-// so that the stages, like the region (SharedWords), start 128-byte
-// aligned: bulk copies to destinations 64 bytes past such a boundary took
-// BF16 at 128 sequences from 183 to 191 us (H100, session 28).
-KVP_HOST_DEVICE constexpr int StagedIdsBytes(int partition_size) {
-  return (partition_size / kStagedBlockSize * 4 + kDecodeSmemAlign - 1) / kDecodeSmemAlign *
-         kDecodeSmemAlign;
-}
-KVP_HOST_DEVICE constexpr int StagedSharedBytes(int head_size, int partition_size) {
-  return StagedIdsBytes(partition_size) + kStagedStages * StagedStageBytes(head_size);
-}
-
 template <DType T, int D>
 __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
-    TcStagedKernel(const __grid_constant__ DecodeParams p,
-                   const __grid_constant__ DecodeShape shape,
+    TcStagedKernel(const __grid_constant__ DecodeParams p, const __grid_constant__ DecodePlan plan,
                    const __grid_constant__ DecodeWorkspace ws) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr bool kBf16 = T == DType::kBF16;
@@ -97,12 +63,13 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
   static_assert(kWarpChannels % 16 == 0, "a consumer warp's channels fill whole m16 tiles");
   __shared__ uint64_t full[kStagedStages], empty[kStagedStages];
   __shared__ float row_red[kStagedConsumerWarps][kStagedMaxRows];
-  __shared__ uint4 p_frag[kStagedConsumerWarps][32];  // each warp's P^T {hi b0, hi b1, lo b0, lo b1}
+  __shared__ uint4
+      p_frag[kStagedConsumerWarps][32];  // each warp's P^T {hi b0, hi b1, lo b0, lo b1}
   __shared__ float q_s[kStagedMaxRows][D];
 
   const CacheGeometry& g = p.geo;
   PartitionState st;
-  if (!BeginPartition(p, shape, ws, st, false)) return;  // past this sequence's end
+  if (!BeginPartition(p, plan, ws, st, false)) return;  // past this sequence's end
   uint8_t* const smem = reinterpret_cast<uint8_t*>(SharedWords());
   int* const blk_s = reinterpret_cast<int*>(smem);
   uint8_t* const stages = smem + StagedIdsBytes(st.P);
@@ -114,7 +81,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
     MbarrierFenceInit();
   }
   // Its block barriers also publish the stage barriers' initialization.
-  if (!StageBlockIds(p, shape, ws, st, blk_s, false)) return;
+  if (!StageBlockIds(p, plan, ws, st, blk_s, false)) return;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int nstages = (st.n_valid + kStagedStageTokens - 1) / kStagedStageTokens;
@@ -333,8 +300,8 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         uint32_t a[4];
-        LoadMatrixX4(a, vbase + j * kPieceBytes + (w * kWarpChannels + 16 * mt) * (kBS * 2) +
-                            v_lane_off);
+        LoadMatrixX4(
+            a, vbase + j * kPieceBytes + (w * kWarpChannels + 16 * mt) * (kBS * 2) + v_lane_off);
         if constexpr (!kFast) {
           // Codes past the sequence end are stale bytes, possibly NaN
           // patterns, and 0 * NaN must not reach the accumulators.
@@ -393,34 +360,35 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
   for (int e = 0; e < 2; ++e) {
     const int r = 2 * tig + e;
     if (r >= st.rows) continue;
-    const int64_t at = RowOutIndex(p, shape, st, false, r);
+    const int64_t at = RowOutIndex(p, plan, st, false, r);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        ws.partial_out[at + w * kWarpChannels + 16 * mt + grp + 8 * hh] = o[mt][2 * hh + e] * inv[e];
+        ws.partial_out[at + w * kWarpChannels + 16 * mt + grp + 8 * hh] =
+            o[mt][2 * hh + e] * inv[e];
       }
     }
-    if (w == 0 && grp == 0) StoreRowStats(p, shape, ws, st, false, r, mrun[e] * kLn2, sum[e]);
+    if (w == 0 && grp == 0) StoreRowStats(p, plan, ws, st, false, r, mrun[e] * kLn2, sum[e]);
   }
 #endif
 }
 
 // Launches TcStagedKernel<T, D> on the partition grid.
 template <DType T, int D>
-int LaunchTcStagedKernel(const DecodeParams& p, const DecodeShape& shape,
-                         const DecodeWorkspace& ws, cudaStream_t stream) {
+int LaunchTcStagedKernel(const DecodeParams& p, const DecodePlan& plan, const DecodeWorkspace& ws,
+                         cudaStream_t stream) {
   static std::atomic<size_t> configured[kMaxSmemDevices];
-  return LaunchPartitionGrid(&TcStagedKernel<T, D>, configured, p, shape, ws,
-                             StagedSharedBytes(D, shape.partition_size), stream, kStagedThreads);
+  return LaunchPartitionGrid(&TcStagedKernel<T, D>, configured, p, plan, ws,
+                             StagedSharedBytes(D, plan.partition_size), stream, kStagedThreads);
 }
 
-#define KVPAGE_TC_STAGED_DECODE_INSTANTIATE(T)                                          \
-  template int LaunchTcStagedKernel<T, 128>(const DecodeParams&, const DecodeShape&, \
-                                            const DecodeWorkspace&, cudaStream_t);
-#define KVPAGE_TC_STAGED_DECODE_DECLARE_EXTERN(T)                                              \
-  extern template int LaunchTcStagedKernel<T, 128>(const DecodeParams&, const DecodeShape&, \
-                                                   const DecodeWorkspace&, cudaStream_t);
+#define KVPAGE_TC_STAGED_DECODE_INSTANTIATE(T, D)                                 \
+  template int LaunchTcStagedKernel<T, D>(const DecodeParams&, const DecodePlan&, \
+                                          const DecodeWorkspace&, cudaStream_t);
+#define KVPAGE_TC_STAGED_DECODE_DECLARE_EXTERN(T, D)                                     \
+  extern template int LaunchTcStagedKernel<T, D>(const DecodeParams&, const DecodePlan&, \
+                                                 const DecodeWorkspace&, cudaStream_t);
 
 }  // namespace decode
 }  // namespace kernels

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/decode_plan.h"
 #include "src/geometry.h"
 #include "src/params.h"
 
@@ -20,18 +21,10 @@ enum class DeviceKind : int32_t { kCpu = 0, kCuda = 1 };
 // Engine-provided memory (mirrors kvp_allocator; null functions = none).
 struct Allocator {
   void* user_data = nullptr;
-  void* (*alloc)(void* user_data, size_t bytes, size_t alignment,
-                 int32_t device_kind, int32_t device_ordinal) = nullptr;
+  void* (*alloc)(void* user_data, size_t bytes, size_t alignment, int32_t device_kind,
+                 int32_t device_ordinal) = nullptr;
   void (*free)(void* user_data, void* ptr, size_t bytes, int32_t device_kind,
                int32_t device_ordinal) = nullptr;
-};
-
-// Decoder capacities: everything a launch shape may depend on.
-struct DecodeCapacity {
-  int32_t num_q_heads = 0;
-  int32_t max_num_seqs = 0;
-  int32_t max_context_len = 0;
-  int32_t max_query_len = 1;
 };
 
 class Backend {
@@ -63,23 +56,28 @@ class Backend {
 
   virtual size_t DecodeWorkspaceBytes(const CacheGeometry& geo,
                                       const DecodeCapacity& cap) const = 0;
-  virtual absl::Status Decode(const DecodeParams& params,
-                              const DecodeCapacity& cap, void* workspace,
-                              void* stream) = 0;
+  virtual absl::Status Decode(const DecodeParams& params, const DecodeCapacity& cap,
+                              void* workspace, void* stream) = 0;
 
   // Copies blocks pairs[2i] -> pairs[2i+1] of every layer (data and scales)
   // of the cache at `base`; `pairs` is in this backend's memory space, or
   // in host memory with pairs_on_host. Out-of-range pairs the host could not
   // check copy nothing; `checked` (checked mode, else null) records them.
-  virtual absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base,
-                                  const int32_t* pairs, int32_t num_pairs,
-                                  bool pairs_on_host, DeviceErrorRecord* checked,
+  virtual absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
+                                  int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
                                   void* stream) = 0;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend();
-// Null status value when this build has no CUDA backend.
+// The CUDA backend of device `ordinal`, with the tuning the environment
+// asks for (DecodeTuningFromEnvironment, read here, once per cache) or with
+// `tuning` (tests); an error where this build has no CUDA backend or no
+// such device.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal);
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int32_t ordinal,
+                                                         const DecodeTuning& tuning);
+// What the decode plan needs to know of CUDA device `ordinal`.
+absl::StatusOr<DeviceProfile> CudaDeviceProfile(int32_t ordinal);
 // Number of CUDA devices (0 without CUDA support or GPUs).
 int32_t CudaDeviceCount();
 

@@ -24,8 +24,7 @@ int64_t BlocksFor(int64_t length, int32_t block_size) {
 }
 
 absl::Status UnknownSequence(int64_t seq) {
-  return absl::InvalidArgumentError(
-      kvpage::StrFormat("seq_id %d does not exist", seq));
+  return absl::InvalidArgumentError(kvpage::StrFormat("seq_id %d does not exist", seq));
 }
 
 }  // namespace
@@ -60,8 +59,7 @@ absl::StatusOr<int64_t> BlockManager::Fork(int64_t parent) {
   for (int32_t b : it->second.blocks) {
     if (ref_counts_[b] == std::numeric_limits<int32_t>::max()) {
       return absl::ResourceExhaustedError(kvpage::StrFormat(
-          "block %d of seq_id %d is already shared by %d sequences", b, parent,
-          ref_counts_[b]));
+          "block %d of seq_id %d is already shared by %d sequences", b, parent, ref_counts_[b]));
     }
   }
   // Insert first (a copy, then an insertion that may rehash `it` away; both
@@ -92,25 +90,24 @@ absl::StatusOr<std::vector<int64_t>> BlockManager::Append(
 
   const int64_t new_length = int64_t{s.length} + num_tokens;
   if (new_length > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(kvpage::StrFormat(
-        "num_tokens %d would make seq_id %d longer than %d tokens "
-        "(current length %d)",
-        num_tokens, seq, std::numeric_limits<int32_t>::max(), s.length));
+    return absl::InvalidArgumentError(
+        kvpage::StrFormat("num_tokens %d would make seq_id %d longer than %d tokens "
+                          "(current length %d)",
+                          num_tokens, seq, std::numeric_limits<int32_t>::max(), s.length));
   }
 
   // Tokens land in the last block only if it has room; if another sequence
   // also references it, writing there would change that sequence's tokens.
-  const bool cow =
-      s.length % block_size_ != 0 && ref_counts_[s.blocks.back()] > 1;
-  const int64_t new_blocks = BlocksFor(new_length, block_size_) -
-                             static_cast<int64_t>(s.blocks.size());
+  const bool cow = s.length % block_size_ != 0 && ref_counts_[s.blocks.back()] > 1;
+  const int64_t new_blocks =
+      BlocksFor(new_length, block_size_) - static_cast<int64_t>(s.blocks.size());
   const int64_t needed = new_blocks + (cow ? 1 : 0);
   const int64_t num_free = static_cast<int64_t>(free_blocks_.size());
   if (needed > num_free) {
-    return absl::ResourceExhaustedError(kvpage::StrFormat(
-        "appending %d tokens to seq_id %d (length %d) needs %d free blocks, "
-        "only %d are free",
-        num_tokens, seq, s.length, needed, num_free));
+    return absl::ResourceExhaustedError(
+        kvpage::StrFormat("appending %d tokens to seq_id %d (length %d) needs %d free blocks, "
+                          "only %d are free",
+                          num_tokens, seq, s.length, needed, num_free));
   }
 
   // Blocks are taken from the top of the stack, but only popped once the
@@ -128,8 +125,7 @@ absl::StatusOr<std::vector<int64_t>> BlockManager::Append(
   if (cow) {
     copies[num_copies++] = BlockCopy{s.blocks.back(), free_blocks_[--next]};
   }
-  if (absl::Status st = copy(absl::MakeConstSpan(copies, num_copies));
-      !st.ok()) {
+  if (absl::Status st = copy(absl::MakeConstSpan(copies, num_copies)); !st.ok()) {
     return st;
   }
 
@@ -160,9 +156,9 @@ absl::Status BlockManager::Truncate(int64_t seq, int32_t length) {
   if (it == seqs_.end()) return UnknownSequence(seq);
   Sequence& s = it->second;
   if (length < 0 || length > s.length) {
-    return absl::InvalidArgumentError(kvpage::StrFormat(
-        "length must be in [0, %d] (the current length of seq_id %d), got %d",
-        s.length, seq, length));
+    return absl::InvalidArgumentError(
+        kvpage::StrFormat("length must be in [0, %d] (the current length of seq_id %d), got %d",
+                          s.length, seq, length));
   }
   const size_t keep = static_cast<size_t>(BlocksFor(length, block_size_));
   // Release from the end, so the stack's top is the earliest released block:
@@ -219,22 +215,19 @@ int64_t BlockManager::NumSequences() const {
 }
 
 absl::Status BlockManager::ExportBlockTable(absl::Span<const int64_t> seqs,
-                                            int32_t max_blocks_per_seq,
-                                            int64_t row_stride, int32_t* table,
-                                            int32_t* lens) const {
+                                            int32_t max_blocks_per_seq, int64_t row_stride,
+                                            int32_t* table, int32_t* lens) const {
   if (max_blocks_per_seq < 0) {
-    return absl::InvalidArgumentError(kvpage::StrFormat(
-        "max_blocks_per_seq must be >= 0, got %d", max_blocks_per_seq));
+    return absl::InvalidArgumentError(
+        kvpage::StrFormat("max_blocks_per_seq must be >= 0, got %d", max_blocks_per_seq));
   }
   if (row_stride < max_blocks_per_seq) {
-    return absl::InvalidArgumentError(
-        kvpage::StrFormat("row_stride must be >= max_blocks_per_seq (%d), got %d",
-                        max_blocks_per_seq, row_stride));
+    return absl::InvalidArgumentError(kvpage::StrFormat(
+        "row_stride must be >= max_blocks_per_seq (%d), got %d", max_blocks_per_seq, row_stride));
   }
   if (table == nullptr && !seqs.empty()) {
-    return absl::InvalidArgumentError(kvpage::StrFormat(
-        "table must not be null when num_seqs > 0 (num_seqs = %d)",
-        seqs.size()));
+    return absl::InvalidArgumentError(
+        kvpage::StrFormat("table must not be null when num_seqs > 0 (num_seqs = %d)", seqs.size()));
   }
   MutexLock lock(&mu_);
   // Every check comes before the first write: a failed export leaves the
@@ -249,9 +242,9 @@ absl::Status BlockManager::ExportBlockTable(absl::Span<const int64_t> seqs,
     }
     const size_t n = it->second.blocks.size();
     if (n > static_cast<size_t>(max_blocks_per_seq)) {
-      return absl::InvalidArgumentError(kvpage::StrFormat(
-          "seq_id %d has %d blocks, more than max_blocks_per_seq = %d", seqs[i],
-          n, max_blocks_per_seq));
+      return absl::InvalidArgumentError(
+          kvpage::StrFormat("seq_id %d has %d blocks, more than max_blocks_per_seq = %d", seqs[i],
+                            n, max_blocks_per_seq));
     }
     found.push_back(&it->second);
   }

@@ -72,9 +72,8 @@ class BlockManager {
   // for j < max_blocks_per_seq, 0 past its blocks; lens[i] = its length
   // (lens may be null). Fails without writing anything if an id is unknown
   // or a sequence has more than max_blocks_per_seq blocks.
-  absl::Status ExportBlockTable(absl::Span<const int64_t> seqs,
-                                int32_t max_blocks_per_seq, int64_t row_stride,
-                                int32_t* table, int32_t* lens) const;
+  absl::Status ExportBlockTable(absl::Span<const int64_t> seqs, int32_t max_blocks_per_seq,
+                                int64_t row_stride, int32_t* table, int32_t* lens) const;
 
  private:
   struct Sequence {

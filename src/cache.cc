@@ -2,18 +2,41 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "src/manifest.h"
 #include "src/status.h"
 
 namespace kvpage {
 
-bool IsCacheDtype(DType t) {
-  return t == DType::kFP16 || t == DType::kBF16 || t == DType::kFP8E4M3 ||
-         t == DType::kINT8 || t == DType::kINT4;
+bool IsCacheDtype(DType t) { return ManifestHasKvDtype(t); }
+
+namespace {
+
+// "a, b or c" of the manifest's entries, each as `name` spells it.
+template <typename T, size_t N, typename Name>
+std::string Choices(const T (&entries)[N], Name name) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0) s += i + 1 == N ? " or " : ", ";
+    s += name(entries[i]);
+  }
+  return s;
 }
+
+// The KV dtypes this build holds as the C API names them: "FP16 (1), ...".
+std::string KvDtypeChoices() {
+  return Choices(kManifestKvDtypes, [](DType t) {
+    return kvpage::StrFormat("%s (%d)", t == DType::kFP8E4M3 ? "FP8_E4M3" : DTypeName(t),
+                             static_cast<int>(t));
+  });
+}
+
+}  // namespace
 
 bool IsActivationDtype(DType t) {
   return t == DType::kFP32 || t == DType::kFP16 || t == DType::kBF16;
@@ -21,10 +44,12 @@ bool IsActivationDtype(DType t) {
 
 absl::Status ValidateGeometry(const CacheGeometry& g) {
   if (g.num_layers < 1) {
-    return InvalidArgument(kvpage::StrFormat("config->num_layers = %d, must be >= 1", g.num_layers));
+    return InvalidArgument(
+        kvpage::StrFormat("config->num_layers = %d, must be >= 1", g.num_layers));
   }
   if (g.num_blocks < 1) {
-    return InvalidArgument(kvpage::StrFormat("config->num_blocks = %d, must be >= 1", g.num_blocks));
+    return InvalidArgument(
+        kvpage::StrFormat("config->num_blocks = %d, must be >= 1", g.num_blocks));
   }
   if (g.block_size != 8 && g.block_size != 16 && g.block_size != 32) {
     return InvalidArgument(
@@ -36,27 +61,29 @@ absl::Status ValidateGeometry(const CacheGeometry& g) {
     return InvalidArgument(kvpage::StrFormat(
         "config->num_kv_heads = %d, must be between 1 and 65535", g.num_kv_heads));
   }
-  switch (g.head_size) {
-    case 64: case 80: case 96: case 112: case 128: case 256: break;
-    default:
-      return InvalidArgument(kvpage::StrFormat(
-          "config->head_size = %d, must be 64, 80, 96, 112, 128 or 256", g.head_size));
+  // The head sizes and KV dtypes of the kernel manifest (a reduced build
+  // holds fewer; kvp_build_info() lists them).
+  if (!ManifestHasHeadSize(g.head_size)) {
+    return InvalidArgument(kvpage::StrFormat(
+        "config->head_size = %d, must be %s", g.head_size,
+        Choices(kManifestHeadSizes, [](int d) { return kvpage::StrFormat("%d", d); })));
   }
   if (!IsCacheDtype(g.k_dtype)) {
-    return InvalidArgument(kvpage::StrFormat(
-        "config->k_dtype = %d, must be FP16 (1), BF16 (2), FP8_E4M3 (3), INT8 (4) or INT4 (5)",
-        static_cast<int>(g.k_dtype)));
+    return InvalidArgument(kvpage::StrFormat("config->k_dtype = %d, must be %s",
+                                             static_cast<int>(g.k_dtype), KvDtypeChoices()));
   }
   if (!IsCacheDtype(g.v_dtype)) {
-    return InvalidArgument(kvpage::StrFormat(
-        "config->v_dtype = %d, must be FP16 (1), BF16 (2), FP8_E4M3 (3), INT8 (4) or INT4 (5)",
-        static_cast<int>(g.v_dtype)));
+    return InvalidArgument(kvpage::StrFormat("config->v_dtype = %d, must be %s",
+                                             static_cast<int>(g.v_dtype), KvDtypeChoices()));
   }
   // Slots (block * block_size + offset) and table entries are int32 inside
-  // the kernels; a layer must stay addressable with int64 offsets.
+  // the kernels; a layer must stay addressable with int64 offsets. Checked
+  // before anything is allocated.
   if (int64_t{g.num_blocks} * g.block_size > INT32_MAX) {
     return InvalidArgument(kvpage::StrFormat(
-        "config->num_blocks = %d: num_blocks * block_size must be < 2^31", g.num_blocks));
+        "config->num_blocks = %d with config->block_size = %d gives %d slots: num_blocks * "
+        "block_size must be < 2^31 (slots are int32 in the kernels)",
+        g.num_blocks, g.block_size, int64_t{g.num_blocks} * g.block_size));
   }
   // Every byte count of the geometry is int64: bound the whole cache
   // (128-bit arithmetic cannot overflow for int32 fields) before any of
@@ -79,15 +106,14 @@ absl::Status CheckRowExtent(const char* name, int64_t stride, int64_t rows, int6
   const __int128 step = stride == 0 ? row_elems : stride;
   const __int128 end = (static_cast<__int128>(rows) - 1) * step + row_elems;
   if (end > kMaxBytes) {
-    return InvalidArgument(kvpage::StrFormat(
-        "%s = %d: %d rows of it span more than 2^56 elements", name, stride, rows));
+    return InvalidArgument(kvpage::StrFormat("%s = %d: %d rows of it span more than 2^56 elements",
+                                             name, stride, rows));
   }
   return absl::OkStatus();
 }
 
-absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs,
-                                int32_t src_blocks, int32_t dst_blocks,
-                                bool same_cache) {
+absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs, int32_t src_blocks,
+                                int32_t dst_blocks, bool same_cache) {
   // Destinations sorted with their pair index find duplicates without a
   // hash set (Abseil's corrupt themselves when an allocation throws).
   std::vector<std::pair<int32_t, int32_t>> dsts;  // (destination, pair)
@@ -105,9 +131,9 @@ absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs,
           "pairs[%d] (source of pair %d) = %d is out of range [0, %d)", 2 * i, i, src, src_blocks));
     }
     if (dst < 0 || dst >= dst_blocks) {
-      return InvalidArgument(kvpage::StrFormat(
-          "pairs[%d] (destination of pair %d) = %d is out of range [0, %d)", 2 * i + 1, i, dst,
-          dst_blocks));
+      return InvalidArgument(
+          kvpage::StrFormat("pairs[%d] (destination of pair %d) = %d is out of range [0, %d)",
+                            2 * i + 1, i, dst, dst_blocks));
     }
     if (i == first_repeat) {
       return InvalidArgument(kvpage::StrFormat(
@@ -116,12 +142,12 @@ absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs,
   }
   if (same_cache) {
     for (int32_t i = 0; i < num_pairs; ++i) {
-      const auto at = std::lower_bound(dsts.begin(), dsts.end(),
-                                       std::make_pair(pairs[2 * i], INT32_MIN));
+      const auto at =
+          std::lower_bound(dsts.begin(), dsts.end(), std::make_pair(pairs[2 * i], INT32_MIN));
       if (at != dsts.end() && at->first == pairs[2 * i]) {
-        return InvalidArgument(kvpage::StrFormat(
-            "pairs[%d] = %d: block %d is both a source and a destination", 2 * i,
-            pairs[2 * i], pairs[2 * i]));
+        return InvalidArgument(
+            kvpage::StrFormat("pairs[%d] = %d: block %d is both a source and a destination", 2 * i,
+                              pairs[2 * i], pairs[2 * i]));
       }
     }
   }
@@ -146,8 +172,8 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(CacheOptions options) {
     for (size_t i = 0; i < want; ++i) {
       const float l = options.key_smoothing[i];
       if (!(std::isfinite(l) && l > 0)) {
-        return InvalidArgument(kvpage::StrFormat(
-            "config->key_smoothing[%d] = %g, must be positive and finite", i, l));
+        return InvalidArgument(
+            kvpage::StrFormat("config->key_smoothing[%d] = %g, must be positive and finite", i, l));
       }
     }
   }
@@ -175,8 +201,8 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(CacheOptions options) {
                                   static_cast<int32_t>(cache->device_kind()),
                                   cache->device_ordinal());
     if (mem == nullptr) {
-      return OutOfMemory(kvpage::StrFormat(
-          "the engine allocator returned NULL for %d bytes", bytes));
+      return OutOfMemory(
+          kvpage::StrFormat("the engine allocator returned NULL for %d bytes", bytes));
     }
     if (reinterpret_cast<uintptr_t>(mem) % kRegionAlignment != 0) {
       cache->allocator_.free(cache->allocator_.user_data, mem, bytes,
@@ -192,10 +218,10 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(CacheOptions options) {
   // Zeroed, so that slots never written decode to zeros, not garbage.
   KVP_RETURN_IF_ERROR(cache->backend_->Memset(mem, 0, bytes));
   if (!smoothing.empty()) {
-    KVP_RETURN_IF_ERROR(cache->backend_->CopyFromHost(cache->base_ + smoothing_offset,
-                                                      smoothing.data(),
-                                                      smoothing.size() * sizeof(float)));
+    KVP_RETURN_IF_ERROR(cache->backend_->CopyFromHost(
+        cache->base_ + smoothing_offset, smoothing.data(), smoothing.size() * sizeof(float)));
     cache->smoothing_ = reinterpret_cast<const float*>(cache->base_ + smoothing_offset);
+    cache->host_smoothing_ = std::move(smoothing);
   }
   cache->counters_ = reinterpret_cast<WriteCounters*>(cache->base_ + counters_offset);
   if (cache->checked_wanted_) {
@@ -258,16 +284,16 @@ Cache::~Cache() {
 absl::Status Cache::Write(const WriteRequest& r, void* stream) {
   KVP_RETURN_IF_ERROR(TakeDeviceFault());  // checked mode: an earlier kernel's finding
   if (r.layer < 0 || r.layer >= geo_.num_layers) {
-    return InvalidArgument(kvpage::StrFormat("args->layer = %d is out of range [0, %d)", r.layer,
-                                           geo_.num_layers));
+    return InvalidArgument(
+        kvpage::StrFormat("args->layer = %d is out of range [0, %d)", r.layer, geo_.num_layers));
   }
   if (r.num_tokens < 0) {
     return InvalidArgument(kvpage::StrFormat("args->num_tokens = %d, must be >= 0", r.num_tokens));
   }
   if (!IsActivationDtype(r.input_dtype)) {
-    return InvalidArgument(kvpage::StrFormat(
-        "args->input_dtype = %d, must be FP32 (0), FP16 (1) or BF16 (2)",
-        static_cast<int>(r.input_dtype)));
+    return InvalidArgument(
+        kvpage::StrFormat("args->input_dtype = %d, must be FP32 (0), FP16 (1) or BF16 (2)",
+                          static_cast<int>(r.input_dtype)));
   }
   const int64_t dense = int64_t{geo_.num_kv_heads} * geo_.head_size;
   WriteParams p{};
@@ -275,8 +301,8 @@ absl::Status Cache::Write(const WriteRequest& r, void* stream) {
   p.value_stride = r.value_stride == 0 ? dense : r.value_stride;
   if (p.key_stride < dense) {
     return InvalidArgument(kvpage::StrFormat(
-        "args->key_token_stride = %d, must be 0 or >= num_kv_heads * head_size = %d",
-        r.key_stride, dense));
+        "args->key_token_stride = %d, must be 0 or >= num_kv_heads * head_size = %d", r.key_stride,
+        dense));
   }
   if (p.value_stride < dense) {
     return InvalidArgument(kvpage::StrFormat(
@@ -288,9 +314,11 @@ absl::Status Cache::Write(const WriteRequest& r, void* stream) {
   KVP_RETURN_IF_ERROR(
       CheckRowExtent("args->value_token_stride", r.value_stride, r.num_tokens, dense));
   if (r.key == nullptr || r.value == nullptr || r.slot_mapping == nullptr) {
-    return InvalidArgument(kvpage::StrFormat(
-        "args->%s is NULL with num_tokens = %d",
-        r.key == nullptr ? "key" : r.value == nullptr ? "value" : "slot_mapping", r.num_tokens));
+    return InvalidArgument(kvpage::StrFormat("args->%s is NULL with num_tokens = %d",
+                                             r.key == nullptr     ? "key"
+                                             : r.value == nullptr ? "value"
+                                                                  : "slot_mapping",
+                                             r.num_tokens));
   }
   p.geo = geo_;
   p.layer = layer(r.layer);
@@ -322,23 +350,38 @@ absl::Status Cache::CopyBlocks(const int32_t* pairs, int32_t num_pairs, void* st
                               checked_record(), stream);
 }
 
-absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs,
-                                       int32_t num_pairs, void* stream) {
+absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs, int32_t num_pairs,
+                                       void* stream) {
   KVP_RETURN_IF_ERROR(TakeDeviceFault());
   KVP_RETURN_IF_ERROR(src.TakeDeviceFault());
   const CacheGeometry& a = src.geo_;
   const CacheGeometry& b = geo_;
   if (a.num_layers != b.num_layers || a.block_size != b.block_size ||
-      a.num_kv_heads != b.num_kv_heads || a.head_size != b.head_size ||
-      a.k_dtype != b.k_dtype || a.v_dtype != b.v_dtype ||
-      src.has_key_smoothing() != has_key_smoothing()) {
+      a.num_kv_heads != b.num_kv_heads || a.head_size != b.head_size || a.k_dtype != b.k_dtype ||
+      a.v_dtype != b.v_dtype || src.has_key_smoothing() != has_key_smoothing()) {
     return InvalidArgument(kvpage::StrFormat(
         "src and dst caches differ in geometry: layers %d/%d, block_size %d/%d, kv_heads "
         "%d/%d, head_size %d/%d, k_dtype %d/%d, v_dtype %d/%d, key smoothing %d/%d",
-        a.num_layers, b.num_layers, a.block_size, b.block_size, a.num_kv_heads,
-        b.num_kv_heads, a.head_size, b.head_size, static_cast<int>(a.k_dtype),
-        static_cast<int>(b.k_dtype), static_cast<int>(a.v_dtype), static_cast<int>(b.v_dtype),
-        src.has_key_smoothing(), has_key_smoothing()));
+        a.num_layers, b.num_layers, a.block_size, b.block_size, a.num_kv_heads, b.num_kv_heads,
+        a.head_size, b.head_size, static_cast<int>(a.k_dtype), static_cast<int>(b.k_dtype),
+        static_cast<int>(a.v_dtype), static_cast<int>(b.v_dtype), src.has_key_smoothing(),
+        has_key_smoothing()));
+  }
+  // The stored K is K / lambda: under another lambda the same bytes decode
+  // to other keys. Compared bit for bit (the values are positive and
+  // finite, so equal bits are equal values and the reverse).
+  const std::vector<float>& from = src.host_key_smoothing();
+  const std::vector<float>& to = host_key_smoothing();
+  for (size_t i = 0; i < from.size() && i < to.size(); ++i) {
+    uint32_t from_bits, to_bits;
+    std::memcpy(&from_bits, &from[i], sizeof(from_bits));
+    std::memcpy(&to_bits, &to[i], sizeof(to_bits));
+    if (from_bits != to_bits) {
+      return InvalidArgument(kvpage::StrFormat(
+          "src and dst caches differ in key smoothing at kv head %d channel %d: source %.9g "
+          "vs destination %.9g",
+          i / a.head_size, i % a.head_size, from[i], to[i]));
+    }
   }
   if (num_pairs < 0) {
     return InvalidArgument(kvpage::StrFormat("num_pairs = %d, must be >= 0", num_pairs));
@@ -358,18 +401,17 @@ absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs,
       for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
         const CacheGeometry::BlockRegion from = a.block_region(r), to = b.block_region(r);
         if (to.block_stride == 0) continue;
-        KVP_RETURN_IF_ERROR(mover.CopyAsync(
-            layer(l) + to.offset + pairs[2 * i + 1] * to.block_stride,
-            src.layer(l) + from.offset + pairs[2 * i] * from.block_stride, to.block_stride,
-            stream));
+        KVP_RETURN_IF_ERROR(
+            mover.CopyAsync(layer(l) + to.offset + pairs[2 * i + 1] * to.block_stride,
+                            src.layer(l) + from.offset + pairs[2 * i] * from.block_stride,
+                            to.block_stride, stream));
       }
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> Cache::Append(int64_t seq, int32_t num_tokens,
-                                                   void* stream) {
+absl::StatusOr<std::vector<int64_t>> Cache::Append(int64_t seq, int32_t num_tokens, void* stream) {
   return blocks_.Append(seq, num_tokens, [&](absl::Span<const BlockCopy> copies) {
     // Every layer, data and scales, through the block copy kernel; the
     // pairs are host values and travel by value (no device staging another

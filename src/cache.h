@@ -38,7 +38,7 @@ struct WriteRequest {
   DType input_dtype = DType::kBF16;
   const void* key = nullptr;
   const void* value = nullptr;
-  int64_t key_stride = 0;    // elements; 0 = dense
+  int64_t key_stride = 0;  // elements; 0 = dense
   int64_t value_stride = 0;
   const int64_t* slot_mapping = nullptr;
 };
@@ -63,6 +63,9 @@ class Cache {
   const Allocator& allocator() const { return allocator_; }
   // Key smoothing vector in the cache's memory space, or null.
   const float* key_smoothing() const { return smoothing_; }
+  // The same vector in host memory (empty without smoothing), so that
+  // caches can be compared without reading device memory.
+  const std::vector<float>& host_key_smoothing() const { return host_smoothing_; }
   uint8_t* layer(int32_t l) const { return base_ + l * geo_.layer_bytes(); }
   uint8_t* base() const { return base_; }
   int64_t total_bytes() const { return static_cast<int64_t>(bytes_); }
@@ -70,13 +73,15 @@ class Cache {
   absl::Status Write(const WriteRequest& request, void* stream);
   // Block pairs in the cache's memory space.
   absl::Status CopyBlocks(const int32_t* pairs, int32_t num_pairs, void* stream);
-  // From `src` (same geometry) into this cache; pairs in host memory.
-  absl::Status TransferBlocksFrom(const Cache& src, const int32_t* pairs,
-                                  int32_t num_pairs, void* stream);
+  // From `src` (same geometry, and the same key smoothing vector bit for
+  // bit, or none on both sides: the stored K is K / lambda, so a block
+  // means something else under another lambda) into this cache; pairs in
+  // host memory.
+  absl::Status TransferBlocksFrom(const Cache& src, const int32_t* pairs, int32_t num_pairs,
+                                  void* stream);
 
   // Sequence operations (block manager + copy-on-write on the backend).
-  absl::StatusOr<std::vector<int64_t>> Append(int64_t seq, int32_t num_tokens,
-                                              void* stream);
+  absl::StatusOr<std::vector<int64_t>> Append(int64_t seq, int32_t num_tokens, void* stream);
 
   absl::StatusOr<WriteCounters> ReadCounters() const;
   absl::Status ResetCounters();
@@ -96,10 +101,11 @@ class Cache {
   bool checked_wanted_ = false;
   std::unique_ptr<Backend> backend_;
   BlockManager blocks_;
-  uint8_t* base_ = nullptr;   // num_layers regions, then smoothing, counters
+  uint8_t* base_ = nullptr;  // num_layers regions, then smoothing, counters
   size_t bytes_ = 0;
   const float* smoothing_ = nullptr;
-  WriteCounters* counters_ = nullptr;  // in the cache's memory space
+  std::vector<float> host_smoothing_;     // smoothing_'s values, on the host
+  WriteCounters* counters_ = nullptr;     // in the cache's memory space
   DeviceErrorRecord* checked_ = nullptr;  // host-mapped (CUDA) or host memory
 };
 
@@ -115,9 +121,8 @@ absl::Status CheckRowExtent(const char* name, int64_t stride, int64_t rows, int6
 // Validates block pairs held in host memory: sources in [0, src_blocks),
 // destinations in [0, dst_blocks), destinations distinct and (when both
 // sides are one cache) not also sources.
-absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs,
-                                int32_t src_blocks, int32_t dst_blocks,
-                                bool same_cache);
+absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs, int32_t src_blocks,
+                                int32_t dst_blocks, bool same_cache);
 
 }  // namespace kvpage
 

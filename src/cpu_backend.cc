@@ -1,7 +1,7 @@
 // The CPU backend: the oracle the CUDA backend is checked against, and a
 // working backend for machines without a GPU. Straightforward loops over
 // the layouts of src/geometry.h, quantizing through src/formats.h, decoding
-// in double precision.
+// in double precision and rounding each output once to its dtype.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -32,8 +32,7 @@ void PutCode(uint8_t* base, int64_t byte, int shift, int bits, uint16_t code) {
       break;
     default: {  // 4
       const uint8_t mask = static_cast<uint8_t>(0xF << shift);
-      base[byte] = static_cast<uint8_t>((base[byte] & ~mask) |
-                                        ((code & 0xF) << shift));
+      base[byte] = static_cast<uint8_t>((base[byte] & ~mask) | ((code & 0xF) << shift));
     }
   }
 }
@@ -123,15 +122,13 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status Write(const WriteParams& p, void* /*stream*/) override;
-  size_t DecodeWorkspaceBytes(const CacheGeometry&,
-                              const DecodeCapacity&) const override {
+  size_t DecodeWorkspaceBytes(const CacheGeometry&, const DecodeCapacity&) const override {
     return 0;  // scratch lives on the worker threads' stacks and heaps
   }
-  absl::Status Decode(const DecodeParams& p, const DecodeCapacity& cap,
-                      void* workspace, void* stream) override;
-  absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base,
-                          const int32_t* pairs, int32_t num_pairs,
-                          bool pairs_on_host, DeviceErrorRecord* checked,
+  absl::Status Decode(const DecodeParams& p, const DecodeCapacity& cap, void* workspace,
+                      void* stream) override;
+  absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
+                          int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
                           void* stream) override;
 };
 
@@ -141,10 +138,10 @@ absl::Status CpuBackend::Write(const WriteParams& p, void*) {
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
     if (slot < -1 || slot >= num_slots) {
-      return InvalidArgument(kvpage::StrFormat(
-          "slot_mapping[%d] = %d is out of range: slots are -1 (skip) or in "
-          "[0, %d) (num_blocks * block_size)",
-          t, slot, num_slots));
+      return InvalidArgument(
+          kvpage::StrFormat("slot_mapping[%d] = %d is out of range: slots are -1 (skip) or in "
+                            "[0, %d) (num_blocks * block_size)",
+                            t, slot, num_slots));
     }
   }
   const int D = g.head_size;
@@ -167,11 +164,10 @@ absl::Status CpuBackend::Write(const WriteParams& p, void*) {
         x[d] = LoadAsFloat(p.input_dtype, p.key, t * p.key_stride + int64_t{h} * D + d);
       }
       QuantizeVector(g.k_dtype, x.data(),
-                     p.key_smoothing ? p.key_smoothing + int64_t{h} * D : nullptr, D,
-                     codes.data(), &scale, &stats);
+                     p.key_smoothing ? p.key_smoothing + int64_t{h} * D : nullptr, D, codes.data(),
+                     &scale, &stats);
       for (int d = 0; d < g.k_chunks() * g.k_x(); ++d) {
-        PutCode(k_data, g.k_byte(b, h, off, d), g.k_shift(d), g.k_bits(),
-                d < D ? codes[d] : 0);
+        PutCode(k_data, g.k_byte(b, h, off, d), g.k_shift(d), g.k_bits(), d < D ? codes[d] : 0);
       }
       PutScale(k_scales, g.k_scale_byte(b, h, off), g.k_scale_entry_bytes(), scale);
       // V: [channel][token]; INT4 pairs tokens within a byte.
@@ -199,27 +195,25 @@ absl::Status ValidateDecodeInputs(const DecodeParams& p) {
   for (int32_t s = 0; s < p.num_seqs; ++s) {
     const int32_t len = p.seq_lens[s];
     if (len < 0 || len > p.max_context_len || len > table_tokens) {
-      return InvalidArgument(kvpage::StrFormat(
-          "seq_lens[%d] = %d is out of range [0, %d] (max_context_len %d, "
-          "block_table_width %d * block_size %d)",
-          s, len, std::min<int64_t>(p.max_context_len, table_tokens),
-          p.max_context_len, p.block_table_width, g.block_size));
+      return InvalidArgument(
+          kvpage::StrFormat("seq_lens[%d] = %d is out of range [0, %d] (max_context_len %d, "
+                            "block_table_width %d * block_size %d)",
+                            s, len, std::min<int64_t>(p.max_context_len, table_tokens),
+                            p.max_context_len, p.block_table_width, g.block_size));
     }
     const int32_t blocks = (len + g.block_size - 1) / g.block_size;
     for (int32_t j = 0; j < blocks; ++j) {
       const int32_t id = p.block_table[s * p.block_table_stride + j];
       if (id < 0 || id >= g.num_blocks) {
-        return InvalidArgument(kvpage::StrFormat(
-            "block_table[%d][%d] = %d is out of range [0, %d)", s, j, id,
-            g.num_blocks));
+        return InvalidArgument(kvpage::StrFormat("block_table[%d][%d] = %d is out of range [0, %d)",
+                                                 s, j, id, g.num_blocks));
       }
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
-                                void*, void*) {
+absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&, void*, void*) {
   KVP_RETURN_IF_ERROR(ValidateDecodeInputs(p));
   const CacheGeometry& g = p.geo;
   const int D = g.head_size;
@@ -231,8 +225,10 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
 
   // Results are gathered here and stored once every work item is done, so
   // that a failure (std::bad_alloc in a worker) leaves out and lse untouched.
+  // They stay double until the store, which rounds each once to the output
+  // dtype (through FP32 first, FP16/BF16 would round twice).
   const int64_t num_rows = int64_t{p.num_seqs} * p.query_len;
-  std::vector<float> results(static_cast<size_t>(num_rows * p.num_q_heads * D));
+  std::vector<double> results(static_cast<size_t>(num_rows * p.num_q_heads * D));
   std::vector<float> lses(p.lse ? static_cast<size_t>(num_rows * p.num_q_heads) : 0);
 
   // Where element d of a token lies relative to the token's element 0 depends
@@ -256,8 +252,10 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
     for (int32_t j = 0; j < len; ++j) {
       const int64_t b = p.block_table[s * p.block_table_stride + j / g.block_size];
       const int off = j % g.block_size;
-      const ScaleEntry ks = GetScale(k_scales, g.k_scale_byte(b, kvh, off), g.k_scale_entry_bytes());
-      const ScaleEntry vs = GetScale(v_scales, g.v_scale_byte(b, kvh, off), g.v_scale_entry_bytes());
+      const ScaleEntry ks =
+          GetScale(k_scales, g.k_scale_byte(b, kvh, off), g.k_scale_entry_bytes());
+      const ScaleEntry vs =
+          GetScale(v_scales, g.v_scale_byte(b, kvh, off), g.v_scale_entry_bytes());
       const uint8_t* k_row = k_data + g.k_byte(b, kvh, off, 0);
       const uint8_t* v_row = v_data + g.v_byte(b, kvh, off, 0);
       const int v_shift = g.v_shift(off);
@@ -305,17 +303,18 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
           for (int d = 0; d < D; ++d) acc[d] /= sum;
           lse = m + std::log(sum);
         }
-        float* result = results.data() + (row * p.num_q_heads + h) * D;
-        for (int d = 0; d < D; ++d) result[d] = static_cast<float>(acc[d]);
+        double* result = results.data() + (row * p.num_q_heads + h) * D;
+        for (int d = 0; d < D; ++d) result[d] = acc[d];
+        // The LSE is FP32: one rounding of the double.
         if (p.lse) lses[row * p.num_q_heads + h] = static_cast<float>(lse);
       }
     }
   }));
   for (int64_t row = 0; row < num_rows; ++row) {
     for (int h = 0; h < p.num_q_heads; ++h) {
-      const float* result = results.data() + (row * p.num_q_heads + h) * D;
+      const double* result = results.data() + (row * p.num_q_heads + h) * D;
       for (int d = 0; d < D; ++d) {
-        StoreFromFloat(p.out_dtype, p.out, row * p.out_stride + int64_t{h} * D + d, result[d]);
+        StoreFromDouble(p.out_dtype, p.out, row * p.out_stride + int64_t{h} * D + d, result[d]);
       }
     }
   }
@@ -323,9 +322,8 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&,
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::CopyBlocks(const CacheGeometry& g, uint8_t* base,
-                                    const int32_t* pairs, int32_t num_pairs,
-                                    bool /*pairs_on_host: the same memory here*/,
+absl::Status CpuBackend::CopyBlocks(const CacheGeometry& g, uint8_t* base, const int32_t* pairs,
+                                    int32_t num_pairs, bool /*pairs_on_host: the same memory here*/,
                                     DeviceErrorRecord* /*checked: pairs validated by Cache*/,
                                     void*) {
   for (int32_t layer = 0; layer < g.num_layers; ++layer) {

@@ -10,8 +10,8 @@
 namespace kvpage {
 
 // A partition block's fixed cost (prologue, partial results), in tokens of
-// partition, fitted to H200 runs (docs/PERF_NOTES.md, "Partition size by
-// waves"): 128 picked 1024-token partitions at 5.2 waves of 2048 and lost
+// partition, fitted to H200 runs (docs/archive.md, "Partition size and
+// the wave model"): 128 picked 1024-token partitions at 5.2 waves of 2048 and lost
 // 3%; 256 keeps every measured choice.
 constexpr double kPartitionOverheadTokens = 256;
 
@@ -20,14 +20,14 @@ constexpr double kPartitionOverheadTokens = 256;
 // `step`, the kernel's rounding: PartitionStepTokens), the partition
 // size whose grid of grid_rows x ceil(max_context_len / p) blocks runs
 // fastest when blocks run in waves of `slots` (SMs x the kernel's wave
-// blocks, kernels/launch.h), each wave as long as a partition plus the
+// blocks, kernels/decode_traits.h), each wave as long as a partition plus the
 // per-block cost: a grid that spills a few blocks into one more wave pays a
 // whole wave (128 sequences of 8192 tokens in 2048-token partitions: 512
 // blocks on 396 slots, two waves for 1.3 waves of work). Thirds fill the gap
 // between two and four partitions a sequence that halving leaves: 128
 // sequences of 8192 tokens in thirds are 384 blocks, one wave of 396 slots
 // (measured 1-5% faster than halves at 128-512 sequences on an H100,
-// docs/PERF_NOTES.md, session 17). A third may exceed `largest` up to and
+// docs/archive.md, "Partition size and the wave model"). A third may exceed `largest` up to and
 // including `largest_third` (0: none past `largest`), where the kernel
 // holds longer partitions than its halves are measured at (16-bit caches:
 // halves up to 2048, thirds up to 4096). Ties keep the longer partition;

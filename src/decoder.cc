@@ -25,9 +25,9 @@ absl::Status Decoder::Validate(const Cache& cache, const DecoderOptions& o) {
         kvpage::StrFormat("config->max_context_len = %d, must be >= 1", c.max_context_len));
   }
   if (c.max_query_len < 1 || c.max_query_len > c.max_context_len) {
-    return InvalidArgument(kvpage::StrFormat(
-        "config->max_query_len = %d, must be in [1, max_context_len = %d]", c.max_query_len,
-        c.max_context_len));
+    return InvalidArgument(
+        kvpage::StrFormat("config->max_query_len = %d, must be in [1, max_context_len = %d]",
+                          c.max_query_len, c.max_context_len));
   }
   // Whatever the backend makes of them (CUDA: split-K partials of at least
   // 32 tokens each, FP32), byte counts and offsets derived from the
@@ -43,14 +43,14 @@ absl::Status Decoder::Validate(const Cache& cache, const DecoderOptions& o) {
         c.max_num_seqs, c.max_query_len, c.num_q_heads, c.max_context_len));
   }
   if (!IsActivationDtype(o.q_dtype)) {
-    return InvalidArgument(kvpage::StrFormat(
-        "config->q_dtype = %d, must be FP32 (0), FP16 (1) or BF16 (2)",
-        static_cast<int>(o.q_dtype)));
+    return InvalidArgument(
+        kvpage::StrFormat("config->q_dtype = %d, must be FP32 (0), FP16 (1) or BF16 (2)",
+                          static_cast<int>(o.q_dtype)));
   }
   if (!IsActivationDtype(o.out_dtype)) {
-    return InvalidArgument(kvpage::StrFormat(
-        "config->out_dtype = %d, must be FP32 (0), FP16 (1) or BF16 (2)",
-        static_cast<int>(o.out_dtype)));
+    return InvalidArgument(
+        kvpage::StrFormat("config->out_dtype = %d, must be FP32 (0), FP16 (1) or BF16 (2)",
+                          static_cast<int>(o.out_dtype)));
   }
   return absl::OkStatus();
 }
@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Decoder>> Decoder::Create(const Cache& cache,
     }
     if (reinterpret_cast<uintptr_t>(o.workspace) % kRegionAlignment != 0) {
       return InvalidArgument(kvpage::StrFormat("config->workspace = %p is not %d-byte aligned",
-                                             o.workspace, kRegionAlignment));
+                                               o.workspace, kRegionAlignment));
     }
   } else if (need > 0) {
     // The engine's allocator serves the workspace too, when it gave one.
@@ -124,17 +124,16 @@ absl::Status Decoder::Run(const DecodeRequest& r, void* stream) {
   }
   if (r.num_seqs < 0 || r.num_seqs > c.max_num_seqs) {
     return InvalidArgument(kvpage::StrFormat(
-        "args->num_seqs = %d is out of range [0, max_num_seqs = %d]", r.num_seqs,
-        c.max_num_seqs));
+        "args->num_seqs = %d is out of range [0, max_num_seqs = %d]", r.num_seqs, c.max_num_seqs));
   }
   if (r.query_len < 1 || r.query_len > c.max_query_len) {
-    return InvalidArgument(kvpage::StrFormat(
-        "args->query_len = %d is out of range [1, max_query_len = %d]", r.query_len,
-        c.max_query_len));
+    return InvalidArgument(
+        kvpage::StrFormat("args->query_len = %d is out of range [1, max_query_len = %d]",
+                          r.query_len, c.max_query_len));
   }
   if (r.sliding_window < 0) {
-    return InvalidArgument(kvpage::StrFormat(
-        "args->sliding_window = %d, must be >= 0 (0 = off)", r.sliding_window));
+    return InvalidArgument(
+        kvpage::StrFormat("args->sliding_window = %d, must be >= 0 (0 = off)", r.sliding_window));
   }
   if (!std::isfinite(r.sm_scale) || r.sm_scale < 0) {
     return InvalidArgument(kvpage::StrFormat(
@@ -147,8 +146,8 @@ absl::Status Decoder::Run(const DecodeRequest& r, void* stream) {
   const int64_t dense = int64_t{c.num_q_heads} * g.head_size;
   if (r.q_stride != 0 && r.q_stride < dense) {
     return InvalidArgument(kvpage::StrFormat(
-        "args->q_token_stride = %d, must be 0 or >= num_query_heads * head_size = %d",
-        r.q_stride, dense));
+        "args->q_token_stride = %d, must be 0 or >= num_query_heads * head_size = %d", r.q_stride,
+        dense));
   }
   if (r.out_stride != 0 && r.out_stride < dense) {
     return InvalidArgument(kvpage::StrFormat(
@@ -156,21 +155,21 @@ absl::Status Decoder::Run(const DecodeRequest& r, void* stream) {
         r.out_stride, dense));
   }
   if (r.block_table_width < 1) {
-    return InvalidArgument(kvpage::StrFormat("args->block_table_width = %d, must be >= 1",
-                                           r.block_table_width));
+    return InvalidArgument(
+        kvpage::StrFormat("args->block_table_width = %d, must be >= 1", r.block_table_width));
   }
   if (r.block_table_stride != 0 && r.block_table_stride < r.block_table_width) {
-    return InvalidArgument(kvpage::StrFormat(
-        "args->block_table_stride = %d, must be 0 or >= block_table_width = %d",
-        r.block_table_stride, r.block_table_width));
+    return InvalidArgument(
+        kvpage::StrFormat("args->block_table_stride = %d, must be 0 or >= block_table_width = %d",
+                          r.block_table_stride, r.block_table_width));
   }
   if (r.num_seqs == 0) return absl::OkStatus();
   // Element offsets of the last row must be computable in int64.
   const int64_t rows = int64_t{r.num_seqs} * r.query_len;
   KVP_RETURN_IF_ERROR(CheckRowExtent("args->q_token_stride", r.q_stride, rows, dense));
   KVP_RETURN_IF_ERROR(CheckRowExtent("args->out_token_stride", r.out_stride, rows, dense));
-  KVP_RETURN_IF_ERROR(CheckRowExtent("args->block_table_stride", r.block_table_stride,
-                                     r.num_seqs, r.block_table_width));
+  KVP_RETURN_IF_ERROR(CheckRowExtent("args->block_table_stride", r.block_table_stride, r.num_seqs,
+                                     r.block_table_width));
   const char* null_arg = r.q == nullptr             ? "q"
                          : r.block_table == nullptr ? "block_table"
                          : r.seq_lens == nullptr    ? "seq_lens"

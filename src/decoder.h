@@ -47,8 +47,7 @@ class Decoder {
   // Validates the options against the cache (messages name the
   // kvp_decode_config fields).
   static absl::Status Validate(const Cache& cache, const DecoderOptions& options);
-  static absl::StatusOr<uint64_t> WorkspaceBytes(const Cache& cache,
-                                                 const DecoderOptions& options);
+  static absl::StatusOr<uint64_t> WorkspaceBytes(const Cache& cache, const DecoderOptions& options);
   static absl::StatusOr<std::unique_ptr<Decoder>> Create(const Cache& cache,
                                                          const DecoderOptions& options);
   ~Decoder();
@@ -59,8 +58,7 @@ class Decoder {
   absl::Status Run(const DecodeRequest& request, void* stream);
 
  private:
-  Decoder(const Cache& cache, const DecoderOptions& options)
-      : cache_(cache), options_(options) {}
+  Decoder(const Cache& cache, const DecoderOptions& options) : cache_(cache), options_(options) {}
 
   const Cache& cache_;
   DecoderOptions options_;

@@ -27,6 +27,20 @@ float BitsToFloat(uint32_t u) {
   return f;
 }
 
+uint64_t DoubleBits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof(u));
+  return u;
+}
+
+constexpr uint64_t kF64SignMask = uint64_t{1} << 63;
+constexpr uint64_t kF64AbsMask = kF64SignMask - 1;
+constexpr uint64_t kF64InfBits = uint64_t{0x7FF} << 52;
+constexpr int kF64MantBits = 52;
+constexpr int kF64Bias = 1023;
+// 2^e as a double's bit pattern.
+constexpr uint64_t F64PowerOfTwoBits(int e) { return static_cast<uint64_t>(kF64Bias + e) << 52; }
+
 constexpr uint32_t kF32SignMask = 0x80000000u;
 constexpr uint32_t kF32AbsMask = 0x7FFFFFFFu;
 constexpr uint32_t kF32InfBits = 0x7F800000u;
@@ -57,35 +71,45 @@ Remainder Classify(uint64_t rem, uint64_t half) {
   return Remainder::kAboveHalf;
 }
 
-Truncated TruncateMagnitude(uint32_t abs_bits, int mant_bits, int min_exp) {
+// The source is FP32 (Bits = uint32_t, 23 fraction bits, bias 127) or
+// double (uint64_t, 52, 1023); one definition serves both.
+template <typename Bits, int kSrcMant, int kSrcBias>
+Truncated TruncateMagnitude(Bits abs_bits, int mant_bits, int min_exp) {
   const int bias = 1 - min_exp;
-  const uint32_t exp_field = abs_bits >> 23;
-  const uint32_t frac = abs_bits & 0x7FFFFFu;
+  const Bits exp_field = abs_bits >> kSrcMant;
+  const Bits frac = abs_bits & ((Bits{1} << kSrcMant) - 1);
   if (exp_field == 0) {
-    // FP32 subnormals (< 2^-126) are far below the smallest subnormal of
-    // either target (2^-24, 2^-9): nonzero ones lie below half of it.
+    // Source subnormals (FP32: < 2^-126, double: < 2^-1022) are far below
+    // the smallest subnormal of every target (2^-24, 2^-133, 2^-9):
+    // nonzero ones lie below half of it.
     return {0, frac == 0 ? Remainder::kZero : Remainder::kBelowHalf};
   }
-  const int exp = static_cast<int>(exp_field) - 127;
-  const int drop = 23 - mant_bits;  // FP32 fraction bits the target lacks
+  const int exp = static_cast<int>(exp_field) - kSrcBias;
+  const int drop = kSrcMant - mant_bits;  // source fraction bits the target lacks
   if (exp >= min_exp) {
     // Normal in the target: rebias the exponent, drop low fraction bits.
-    const uint32_t rebased =
-        abs_bits - (static_cast<uint32_t>(127 - bias) << 23);
-    return {rebased >> drop,
-            Classify(rebased & ((1u << drop) - 1), uint64_t{1} << (drop - 1))};
+    const Bits rebased = abs_bits - (static_cast<Bits>(kSrcBias - bias) << kSrcMant);
+    return {static_cast<uint32_t>(rebased >> drop),
+            Classify(static_cast<uint64_t>(rebased & ((Bits{1} << drop) - 1)),
+                     uint64_t{1} << (drop - 1))};
   }
   // Subnormal in the target: count units of 2^(min_exp - mant_bits) in the
-  // full 24-bit significand, whose unit is 2^(exp - 23).
-  const uint64_t significand = frac | 0x800000u;
+  // full significand (kSrcMant + 1 bits), whose unit is 2^(exp - kSrcMant).
+  const uint64_t significand = static_cast<uint64_t>(frac) | (uint64_t{1} << kSrcMant);
   const int shift = drop + (min_exp - exp);
-  if (shift > 25) {
-    // significand < 2^24 < half of a unit: rounds like a tiny value.
+  if (shift > kSrcMant + 2) {
+    // significand < 2^(kSrcMant + 1) < half of a unit: rounds like a tiny
+    // value.
     return {0, Remainder::kBelowHalf};
   }
   const uint64_t mask = (uint64_t{1} << shift) - 1;
   return {static_cast<uint32_t>(significand >> shift),
           Classify(significand & mask, uint64_t{1} << (shift - 1))};
+}
+
+// From FP32 bit patterns (the quantizer's conversions).
+Truncated TruncateMagnitude(uint32_t abs_bits, int mant_bits, int min_exp) {
+  return TruncateMagnitude<uint32_t, 23, 127>(abs_bits, mant_bits, min_exp);
 }
 
 // Whether the truncated magnitude must step up by one unit.
@@ -151,8 +175,7 @@ enum class Fixup { kNone, kNonFinite, kOverflow };
 // Step 1: the value to be stored for element i (x_i / smoothing_i or x_i),
 // with non-finite inputs replaced by 0 and a smoothing quotient that
 // overflowed clipped to +-FLT_MAX.
-float PreparedValue(const float* x, const float* smoothing, int i,
-                    Fixup* fixup) {
+float PreparedValue(const float* x, const float* smoothing, int i, Fixup* fixup) {
   *fixup = Fixup::kNone;
   const float xi = x[i];
   if (!std::isfinite(xi)) {
@@ -192,8 +215,8 @@ uint16_t ScaleUp(float quotient) {
 }
 
 // Step 2: FP16/BF16 codes (round half to even, overflow saturates).
-void QuantizeFloat16(DType dtype, const float* x, const float* smoothing, int n,
-                     uint16_t* codes, QuantStats* stats) {
+void QuantizeFloat16(DType dtype, const float* x, const float* smoothing, int n, uint16_t* codes,
+                     QuantStats* stats) {
   const bool bf16 = dtype == DType::kBF16;
   const uint16_t max_bits = bf16 ? 0x7F7F : kHalfMaxBits;
   for (int i = 0; i < n; ++i) {
@@ -212,9 +235,8 @@ void QuantizeFloat16(DType dtype, const float* x, const float* smoothing, int n,
 }
 
 // Step 3: symmetric formats (INT8, FP8), one FP16 scale.
-void QuantizeSymmetric(DType dtype, const float* x, const float* smoothing,
-                       int n, uint16_t* codes, ScaleEntry* scale,
-                       QuantStats* stats) {
+void QuantizeSymmetric(DType dtype, const float* x, const float* smoothing, int n, uint16_t* codes,
+                       ScaleEntry* scale, QuantStats* stats) {
   const float qmax = SymmetricMax(dtype);
   float amax = 0.0f;
   for (int i = 0; i < n; ++i) {
@@ -252,8 +274,8 @@ void QuantizeSymmetric(DType dtype, const float* x, const float* smoothing,
 }
 
 // Step 4: INT4, asymmetric: FP16 {scale, min}, x = code * scale + min.
-void QuantizeInt4(const float* x, const float* smoothing, int n,
-                  uint16_t* codes, ScaleEntry* scale, QuantStats* stats) {
+void QuantizeInt4(const float* x, const float* smoothing, int n, uint16_t* codes, ScaleEntry* scale,
+                  QuantStats* stats) {
   float lo = 0.0f;
   float hi = 0.0f;
   for (int i = 0; i < n; ++i) {
@@ -304,15 +326,9 @@ void QuantizeInt4(const float* x, const float* smoothing, int n,
 
 // ---- Scalar conversions ----------------------------------------------------
 
-uint16_t FloatToHalfRne(float f) {
-  return FloatToHalf(f, Rounding::kNearestEven);
-}
-uint16_t FloatToHalfUp(float f) {
-  return FloatToHalf(f, Rounding::kTowardPositive);
-}
-uint16_t FloatToHalfDown(float f) {
-  return FloatToHalf(f, Rounding::kTowardNegative);
-}
+uint16_t FloatToHalfRne(float f) { return FloatToHalf(f, Rounding::kNearestEven); }
+uint16_t FloatToHalfUp(float f) { return FloatToHalf(f, Rounding::kTowardPositive); }
+uint16_t FloatToHalfDown(float f) { return FloatToHalf(f, Rounding::kTowardNegative); }
 
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & kHalfSignMask) << 16;
@@ -320,14 +336,13 @@ float HalfToFloat(uint16_t h) {
   const uint32_t mant = h & 0x3FF;
   if (exp == 0x1F) {
     // Inf, or NaN with its payload kept and made quiet.
-    return BitsToFloat(sign | kF32InfBits | (mant << 13) |
-                       (mant != 0 ? kF32QuietBit : 0));
+    return BitsToFloat(sign | kF32InfBits | (mant << 13) | (mant != 0 ? kF32QuietBit : 0));
   }
   // mant * 2^-24 for subnormals, (1024 + mant) * 2^(exp - 25) otherwise;
   // both are exact in FP32.
-  const float mag = exp == 0 ? std::ldexp(static_cast<float>(mant), -24)
-                             : std::ldexp(static_cast<float>(1024 + mant),
-                                          static_cast<int>(exp) - 25);
+  const float mag = exp == 0
+                        ? std::ldexp(static_cast<float>(mant), -24)
+                        : std::ldexp(static_cast<float>(1024 + mant), static_cast<int>(exp) - 25);
   return BitsToFloat(sign | FloatBits(mag));
 }
 
@@ -342,8 +357,44 @@ uint16_t FloatToBf16Rne(float f) {
   return static_cast<uint16_t>((bits + 0x7FFFu + lsb) >> 16);
 }
 
-float Bf16ToFloat(uint16_t b) {
-  return BitsToFloat(static_cast<uint32_t>(b) << 16);
+float Bf16ToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
+
+uint16_t DoubleToHalfRne(double d) {
+  const uint64_t bits = DoubleBits(d);
+  const bool negative = (bits & kF64SignMask) != 0;
+  const uint16_t sign = negative ? kHalfSignMask : 0;
+  const uint64_t abs_bits = bits & kF64AbsMask;
+  if (abs_bits > kF64InfBits) return sign | kHalfQuietNanBits;
+  // 2^16 and beyond (Inf included) is past every finite half.
+  if (abs_bits >= F64PowerOfTwoBits(16)) return sign | kHalfInfBits;
+  const Truncated t =
+      TruncateMagnitude<uint64_t, kF64MantBits, kF64Bias>(abs_bits, kHalfMantBits, kHalfMinExp);
+  // Stepping up from 0x7BFF gives 0x7C00 (Inf): exactly IEEE overflow.
+  const uint32_t mag = t.truncated + (RoundsUp(t, negative, Rounding::kNearestEven) ? 1u : 0u);
+  return static_cast<uint16_t>(sign | mag);
+}
+
+uint16_t DoubleToBf16Rne(double d) {
+  constexpr int kBf16MantBits = 7;
+  constexpr int kBf16MinExp = -126;
+  constexpr uint16_t kBf16InfBits = 0x7F80;
+  const uint64_t bits = DoubleBits(d);
+  const bool negative = (bits & kF64SignMask) != 0;
+  const uint16_t sign = negative ? kHalfSignMask : 0;
+  const uint64_t abs_bits = bits & kF64AbsMask;
+  if (abs_bits > kF64InfBits) {
+    // Quiet, with the payload's top bits: what FP32 would have kept.
+    const uint16_t payload =
+        static_cast<uint16_t>((abs_bits >> (kF64MantBits - kBf16MantBits)) & 0x7F);
+    return sign | kBf16InfBits | 0x40 | payload;
+  }
+  // 2^128 and beyond (Inf included) is past every finite bfloat16.
+  if (abs_bits >= F64PowerOfTwoBits(128)) return sign | kBf16InfBits;
+  const Truncated t =
+      TruncateMagnitude<uint64_t, kF64MantBits, kF64Bias>(abs_bits, kBf16MantBits, kBf16MinExp);
+  // Stepping up from 0x7F7F gives 0x7F80 (Inf): exactly IEEE overflow.
+  const uint32_t mag = t.truncated + (RoundsUp(t, negative, Rounding::kNearestEven) ? 1u : 0u);
+  return static_cast<uint16_t>(sign | mag);
 }
 
 uint8_t FloatToFp8E4M3(float f) {
@@ -354,8 +405,7 @@ uint8_t FloatToFp8E4M3(float f) {
   // Inf and everything >= 512 saturate (SATFINITE).
   if (abs_bits >= kF32Bits512) return static_cast<uint8_t>(sign | kFp8MaxBits);
   const Truncated t = TruncateMagnitude(abs_bits, kFp8MantBits, kFp8MinExp);
-  uint32_t mag =
-      t.truncated + (RoundsUp(t, false, Rounding::kNearestEven) ? 1u : 0u);
+  uint32_t mag = t.truncated + (RoundsUp(t, false, Rounding::kNearestEven) ? 1u : 0u);
   // 0x7F would be NaN: anything rounding past 448 saturates.
   if (mag > kFp8MaxBits) mag = kFp8MaxBits;
   return static_cast<uint8_t>(sign | mag);
@@ -367,9 +417,8 @@ float Fp8E4M3ToFloat(uint8_t b) {
   const int exp = (b >> kFp8MantBits) & 0xF;
   const int mant = b & 0x7;
   // mant * 2^-9 for subnormals, (8 + mant) * 2^(exp - 10) otherwise.
-  const float mag = exp == 0
-                        ? std::ldexp(static_cast<float>(mant), -9)
-                        : std::ldexp(static_cast<float>(8 + mant), exp - 10);
+  const float mag = exp == 0 ? std::ldexp(static_cast<float>(mant), -9)
+                             : std::ldexp(static_cast<float>(8 + mant), exp - 10);
   return negative ? -mag : mag;
 }
 
@@ -387,8 +436,8 @@ float SymmetricMax(DType dtype) {
   }
 }
 
-void QuantizeVector(DType dtype, const float* x, const float* smoothing, int n,
-                    uint16_t* codes, ScaleEntry* scale, QuantStats* stats) {
+void QuantizeVector(DType dtype, const float* x, const float* smoothing, int n, uint16_t* codes,
+                    ScaleEntry* scale, QuantStats* stats) {
   // Counters accumulate over calls (the write telemetry sums over tokens).
   QuantStats ignored;
   if (stats == nullptr) stats = &ignored;
@@ -427,7 +476,8 @@ void DequantizeCodes(DType dtype, const uint16_t* codes, int n, ScaleEntry scale
       }
       return;
     case DType::kINT8:
-      for (int i = 0; i < n; ++i) out[i] = static_cast<double>(static_cast<int8_t>(codes[i] & 0xFF)) * s;
+      for (int i = 0; i < n; ++i)
+        out[i] = static_cast<double>(static_cast<int8_t>(codes[i] & 0xFF)) * s;
       return;
     case DType::kINT4: {
       const double m = HalfToFloat(scale.min);
@@ -475,8 +525,26 @@ void StoreFromFloat(DType dtype, void* base, int64_t index, float v) {
       return;
     case DType::kFP16:
     case DType::kBF16: {
-      const uint16_t h =
-          dtype == DType::kFP16 ? FloatToHalfRne(v) : FloatToBf16Rne(v);
+      const uint16_t h = dtype == DType::kFP16 ? FloatToHalfRne(v) : FloatToBf16Rne(v);
+      std::memcpy(p + index * 2, &h, sizeof(h));
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void StoreFromDouble(DType dtype, void* base, int64_t index, double v) {
+  unsigned char* p = static_cast<unsigned char*>(base);
+  switch (dtype) {
+    case DType::kFP32: {
+      const float f = static_cast<float>(v);  // one IEEE rounding, half to even
+      std::memcpy(p + index * 4, &f, sizeof(f));
+      return;
+    }
+    case DType::kFP16:
+    case DType::kBF16: {
+      const uint16_t h = dtype == DType::kFP16 ? DoubleToHalfRne(v) : DoubleToBf16Rne(v);
       std::memcpy(p + index * 2, &h, sizeof(h));
       return;
     }

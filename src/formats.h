@@ -28,6 +28,16 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToBf16Rne(float f);
 float Bf16ToFloat(uint16_t b);
 
+// IEEE binary16 and bfloat16 from double, rounded once, half to even
+// (never through FP32, which would round twice: 1 + 2^-11 + 2^-26 is
+// 0x3C01 in binary16, but 0x3C00 through FP32). Subnormals round like
+// everything else; a magnitude that rounds past the largest finite value
+// gives +-Inf; NaN gives a quiet NaN of the same sign (binary16: 0x7E00;
+// bfloat16: the top payload bits kept, as through FP32). The CPU decode
+// rounds its double results to FP16/BF16 outputs with these.
+uint16_t DoubleToHalfRne(double d);
+uint16_t DoubleToBf16Rne(double d);
+
 // FP8 E4M3 ("fn": no Inf, 0x7F/0xFF are NaN, max 448) from FP32, round half
 // to even, including subnormals (smallest 2^-9). Values whose rounding
 // would exceed 448 in magnitude give +-448 (saturate); NaN gives 0x7F.
@@ -78,9 +88,8 @@ float SymmetricMax(DType dtype);
 //      code = RNE((v_i - m) / s) clipped to [0, 15] (clips counted).
 // Because scales round away from the data, codes clip only when the scale
 // itself had to be clipped (values beyond ~65504 * QMAX).
-void QuantizeVector(DType dtype, const float* x, const float* smoothing,
-                    int n, uint16_t* codes, ScaleEntry* scale,
-                    QuantStats* stats);
+void QuantizeVector(DType dtype, const float* x, const float* smoothing, int n, uint16_t* codes,
+                    ScaleEntry* scale, QuantStats* stats);
 
 // The value a stored code stands for, exactly (double holds every result).
 double DequantizeCode(DType dtype, uint16_t code, ScaleEntry scale);
@@ -91,6 +100,9 @@ void DequantizeCodes(DType dtype, const uint16_t* codes, int n, ScaleEntry scale
 float LoadAsFloat(DType dtype, const void* base, int64_t index);
 // Stores a float as FP32/FP16/BF16 (RNE; 16-bit overflow gives +-Inf).
 void StoreFromFloat(DType dtype, void* base, int64_t index, float v);
+// Stores a double as FP32/FP16/BF16, rounded once (RNE; overflow gives
+// +-Inf): the CPU decode's outputs.
+void StoreFromDouble(DType dtype, void* base, int64_t index, double v);
 
 }  // namespace kvpage
 

@@ -23,8 +23,8 @@ enum class DeviceFault : uint32_t {
 };
 
 struct DeviceErrorRecord {
-  uint32_t fault;   // DeviceFault; 0 until published
-  uint32_t claim;   // 0 until a kernel claims the record
+  uint32_t fault;  // DeviceFault; 0 until published
+  uint32_t claim;  // 0 until a kernel claims the record
   int64_t where;
   int64_t value;
   int64_t limit;
@@ -39,17 +39,17 @@ struct WriteCounters {
 // Store num_tokens tokens of one layer through a slot mapping.
 struct WriteParams {
   CacheGeometry geo;
-  uint8_t* layer;                 // base of the layer's region
-  DType input_dtype;              // FP32, FP16 or BF16
+  uint8_t* layer;     // base of the layer's region
+  DType input_dtype;  // FP32, FP16 or BF16
   int32_t num_tokens;
-  const void* key;                // [t * key_stride + h * head_size + d]
+  const void* key;  // [t * key_stride + h * head_size + d]
   const void* value;
-  int64_t key_stride;             // elements between tokens
+  int64_t key_stride;  // elements between tokens
   int64_t value_stride;
-  const int64_t* slot_mapping;    // -1 = skip
-  const float* key_smoothing;     // [num_kv_heads * head_size] or null
+  const int64_t* slot_mapping;  // -1 = skip
+  const float* key_smoothing;   // [num_kv_heads * head_size] or null
   WriteCounters* counters;
-  DeviceErrorRecord* checked;     // checked mode: report bad slots here; else null
+  DeviceErrorRecord* checked;  // checked mode: report bad slots here; else null
 };
 
 // Decode attention over one layer (semantics: kvp_decode in kvpage.h).
@@ -59,66 +59,78 @@ struct DecodeParams {
   int32_t num_seqs;
   int32_t query_len;
   int32_t num_q_heads;
-  int32_t max_context_len;        // capacity of the decoder
+  int32_t max_context_len;  // capacity of the decoder
   DType q_dtype;
   DType out_dtype;
   const void* q;
-  int64_t q_stride;               // elements between query tokens
+  int64_t q_stride;  // elements between query tokens
   const int32_t* block_table;
   int64_t block_table_stride;
   int32_t block_table_width;
   const int32_t* seq_lens;
-  const float* alibi_slopes;      // [num_q_heads] or null
-  const float* key_smoothing;     // [num_kv_heads * head_size] or null
-  int32_t sliding_window;         // 0 = off
-  float sm_scale;                 // resolved (never 0)
-  float logits_soft_cap;          // 0 = off
+  const float* alibi_slopes;   // [num_q_heads] or null
+  const float* key_smoothing;  // [num_kv_heads * head_size] or null
+  int32_t sliding_window;      // 0 = off
+  float sm_scale;              // resolved (never 0)
+  float logits_soft_cap;       // 0 = off
   void* out;
-  int64_t out_stride;             // elements between query tokens
-  float* lse;                     // [num_seqs][query_len][num_q_heads] or null
-  DeviceErrorRecord* checked;     // checked mode: validate lengths and block ids; else null
+  int64_t out_stride;          // elements between query tokens
+  float* lse;                  // [num_seqs][query_len][num_q_heads] or null
+  DeviceErrorRecord* checked;  // checked mode: validate lengths and block ids; else null
 };
 
-// Which partition kernel a CUDA decode runs: kAuto lets the dispatcher
-// choose (kernels/decode_dispatch.cu, from the measurements in
-// docs/PERF_NOTES.md); tests force one or the other.
+// Which partition kernel a CUDA decode may run, as a tuning override
+// (DecodeTuning::path, src/decode_plan.h): kAuto lets the plan choose; tests
+// and comparisons force one family or the other.
 enum class DecodePath : int32_t { kAuto = 0, kThreadGroup = 1, kTensorCore = 2 };
+
+// The partition kernel a decode runs, one per mechanism (docs/DESIGN.md,
+// "Decode kernels"):
+//   kThreadGroup         CUDA cores, any dtypes and block size (paged_decode.cuh);
+//   kTensorCoreRegisters mma.sync, codes loaded into registers a step ahead;
+//   kTensorCoreRing      mma.sync, codes through a per-warp cp.async ring
+//                        (tc_decode.cuh; which of the two is fixed by
+//                        TcRingStages for the dtype and head size);
+//   kTensorCoreStaged    mma.sync fed by a producer warp's bulk copies into
+//                        shared-memory stages (tc_staged_decode.cuh, sm_90+).
+enum class DecodeKernel : int32_t {
+  kThreadGroup = 0,
+  kTensorCoreRegisters = 1,
+  kTensorCoreRing = 2,
+  kTensorCoreStaged = 3,
+};
 
 // Split-K partition sizes are multiples of this many tokens (the kernels'
 // steps and spans divide it).
 constexpr int32_t kPartitionTokenMultiple = 32;
 
-// The launch shape of a decode: fixed by the decoder's capacities (and the
-// device's SM count) when it is created, never by a batch's lengths.
-struct DecodeShape {
+// The plan of a decode (PlanDecode, src/decode_plan.h): the kernel and its
+// launch shape, fixed by the decoder's capacities and the device when it is
+// created, never by a batch's lengths. The partition kernel's grid is
+// (max_partitions, num_kv_heads, the call's num_seqs), of `threads` threads;
+// the reduce kernel follows unless the partition kernel owns the output.
+struct DecodePlan {
+  DecodeKernel kernel = DecodeKernel::kThreadGroup;
+  int32_t threads = 0;  // the partition kernel's block size
   int32_t max_num_seqs = 0;
   int32_t max_query_len = 1;
-  int32_t partition_size = 0;   // tokens per split-K partition (kPartitionTokenMultiple)
-  int32_t max_partitions = 0;   // ceil(max_context_len / partition_size)
-  DecodePath path = DecodePath::kAuto;
+  int32_t partition_size = 0;  // tokens per split-K partition (kPartitionTokenMultiple)
+  int32_t max_partitions = 0;  // ceil(max_context_len / partition_size)
   // The partition kernel writes out and lse itself for a sequence shorter
-  // than one partition, which the reduce kernel then skips (where the
-  // kernel has the registers for it: kernels/launch.h). With one partition
-  // a sequence (max_partitions == 1) it writes every row, empty sequences'
-  // too, and the reduce kernel is not launched.
+  // than one partition, which the reduce kernel then skips (kernels whose
+  // traits say writes_output). With one partition a sequence
+  // (max_partitions == 1) it writes every row, empty sequences' too, and
+  // the reduce kernel is not launched.
   bool direct_output = false;
   // Programmatic dependent launches (sm_90+): the partition kernel of the
   // stream's previous kernel, the reduce kernel of the partition kernel.
   // Each one's blocks start while its predecessor drains and wait on the
   // device before touching what it writes.
   bool dependent_launch = false;
-  // The tensor-core kernel's register path has L2 fetch the K (V) blocks
-  // of the step this many steps ahead of the one it computes (0: none;
-  // the CUDA backend's Shape() sets one each on sm_90+).
+  // The tensor-core register path has L2 fetch the K (V) blocks of the
+  // step this many steps ahead of the one it computes (0: none).
   int32_t prefetch_k_steps = 0;
   int32_t prefetch_v_steps = 0;
-  // The tensor-core decode runs the staged kernel (sm_90+, where
-  // kernels::StagedDecodeSupports: 16-bit K and V at block size 16, head
-  // size 128, up to 8 rows per KV head): a producer warp copies each stage
-  // of 4 blocks into shared memory with the copy engine and four warps
-  // share it. Any partition size (a multiple of kPartitionTokenMultiple);
-  // no direct_output.
-  bool staged = false;
 };
 
 // Split-K scratch, carved from the decoder's workspace (all FP32):

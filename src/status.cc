@@ -11,13 +11,20 @@ constexpr absl::string_view kCodePayload = "kvpage/error_code";
 
 absl::StatusCode AbslCodeFor(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kOk: return absl::StatusCode::kOk;
-    case ErrorCode::kInvalidArgument: return absl::StatusCode::kInvalidArgument;
-    case ErrorCode::kOutOfBlocks: return absl::StatusCode::kResourceExhausted;
-    case ErrorCode::kOutOfMemory: return absl::StatusCode::kResourceExhausted;
-    case ErrorCode::kUnsupported: return absl::StatusCode::kUnimplemented;
-    case ErrorCode::kDevice: return absl::StatusCode::kUnavailable;
-    case ErrorCode::kInternal: return absl::StatusCode::kInternal;
+    case ErrorCode::kOk:
+      return absl::StatusCode::kOk;
+    case ErrorCode::kInvalidArgument:
+      return absl::StatusCode::kInvalidArgument;
+    case ErrorCode::kOutOfBlocks:
+      return absl::StatusCode::kResourceExhausted;
+    case ErrorCode::kOutOfMemory:
+      return absl::StatusCode::kResourceExhausted;
+    case ErrorCode::kUnsupported:
+      return absl::StatusCode::kUnimplemented;
+    case ErrorCode::kDevice:
+      return absl::StatusCode::kUnavailable;
+    case ErrorCode::kInternal:
+      return absl::StatusCode::kInternal;
   }
   return absl::StatusCode::kInternal;
 }
@@ -46,10 +53,14 @@ ErrorCode CodeOf(const absl::Status& status) {
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kFailedPrecondition:
       return ErrorCode::kInvalidArgument;
-    case absl::StatusCode::kResourceExhausted: return ErrorCode::kOutOfBlocks;
-    case absl::StatusCode::kUnimplemented: return ErrorCode::kUnsupported;
-    case absl::StatusCode::kUnavailable: return ErrorCode::kDevice;
-    default: return ErrorCode::kInternal;
+    case absl::StatusCode::kResourceExhausted:
+      return ErrorCode::kOutOfBlocks;
+    case absl::StatusCode::kUnimplemented:
+      return ErrorCode::kUnsupported;
+    case absl::StatusCode::kUnavailable:
+      return ErrorCode::kDevice;
+    default:
+      return ErrorCode::kInternal;
   }
 }
 

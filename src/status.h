@@ -4,14 +4,13 @@
 #ifndef KVPAGE_SRC_STATUS_H_
 #define KVPAGE_SRC_STATUS_H_
 
-#include "absl/strings/string_view.h"
-
 #include <new>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 
 namespace kvpage {
 
@@ -71,19 +70,15 @@ inline absl::Status OutOfMemory(absl::string_view m) {
 inline absl::Status Unsupported(absl::string_view m) {
   return MakeError(ErrorCode::kUnsupported, m);
 }
-inline absl::Status DeviceError(absl::string_view m) {
-  return MakeError(ErrorCode::kDevice, m);
-}
-inline absl::Status Internal(absl::string_view m) {
-  return MakeError(ErrorCode::kInternal, m);
-}
+inline absl::Status DeviceError(absl::string_view m) { return MakeError(ErrorCode::kDevice, m); }
+inline absl::Status Internal(absl::string_view m) { return MakeError(ErrorCode::kInternal, m); }
 
 }  // namespace kvpage
 
-#define KVP_RETURN_IF_ERROR(expr)                \
-  do {                                           \
-    ::absl::Status kvp_status_ = (expr);         \
-    if (!kvp_status_.ok()) return kvp_status_;   \
+#define KVP_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::absl::Status kvp_status_ = (expr);       \
+    if (!kvp_status_.ok()) return kvp_status_; \
   } while (0)
 
 #define KVP_CONCAT_INNER_(a, b) a##b

@@ -28,6 +28,12 @@ type CacheConfig struct {
 	// Optional per-channel key smoothing (SmoothAttention): NumKVHeads *
 	// HeadSize positive finite values, [kv_head][channel]; copied at creation.
 	KeySmoothing []float32
+	// Checked mode (ABI 1.1; default off): the CUDA kernels validate block
+	// ids, sequence lengths, slot mappings and device-side copy pairs, and
+	// the next Write, Decode or block copy on the cache reports the first
+	// bad value as a CodeInvalidArgument error instead of reading or
+	// writing out of bounds. The CPU backend validates them in every mode.
+	Checked bool
 }
 
 // DefaultCacheConfig is the library's default configuration
@@ -45,6 +51,7 @@ func DefaultCacheConfig() CacheConfig {
 		HeadSize:      int(c.head_size),
 		KDType:        DType(c.k_dtype),
 		VDType:        DType(c.v_dtype),
+		Checked:       c.checked != 0,
 	}
 }
 
@@ -141,6 +148,16 @@ var finalizedCaches int64
 // NewCache creates a cache (kvp_cache_create). Its memory is zeroed, so a
 // slot never written decodes to 0.
 func NewCache(cfg CacheConfig) (*Cache, error) {
+	var checked int32
+	if cfg.Checked {
+		checked = 1
+	}
+	return newCache(cfg, checked)
+}
+
+// newCache is NewCache with kvp_cache_config.checked as the C API takes it
+// (the tests pass a value the library refuses, to see it arrive).
+func newCache(cfg CacheConfig, checked int32) (*Cache, error) {
 	var ints [8]C.int32_t
 	for i, v := range []struct {
 		n    int
@@ -167,7 +184,7 @@ func NewCache(cfg CacheConfig) (*Cache, error) {
 	}
 	var ptr *C.kvp_cache
 	err := takeError(C.kvpgo_cache_create(ints[0], ints[1], ints[2], ints[3], ints[4], ints[5], ints[6],
-		C.int32_t(cfg.KDType), C.int32_t(cfg.VDType), smoothing, &ptr))
+		C.int32_t(cfg.KDType), C.int32_t(cfg.VDType), smoothing, C.int32_t(checked), &ptr))
 	runtime.KeepAlive(cfg.KeySmoothing)
 	if err != nil {
 		return nil, err

@@ -2,12 +2,10 @@
 
 #include <string.h>
 
-kvp_error* kvpgo_cache_create(int32_t device_kind, int32_t device_ordinal,
-                              int32_t num_layers, int32_t num_blocks,
-                              int32_t block_size, int32_t num_kv_heads,
-                              int32_t head_size, int32_t k_dtype,
-                              int32_t v_dtype, const float* key_smoothing,
-                              kvp_cache** cache) {
+kvp_error* kvpgo_cache_create(int32_t device_kind, int32_t device_ordinal, int32_t num_layers,
+                              int32_t num_blocks, int32_t block_size, int32_t num_kv_heads,
+                              int32_t head_size, int32_t k_dtype, int32_t v_dtype,
+                              const float* key_smoothing, int32_t checked, kvp_cache** cache) {
   kvp_cache_config c;
   kvp_cache_config_init(&c);
   c.device_kind = device_kind;
@@ -20,20 +18,18 @@ kvp_error* kvpgo_cache_create(int32_t device_kind, int32_t device_ordinal,
   c.k_dtype = k_dtype;
   c.v_dtype = v_dtype;
   c.key_smoothing = key_smoothing;
+  c.checked = checked;
   return kvp_cache_create(&c, cache);
 }
 
-kvp_error* kvpgo_seq_append(kvp_cache* cache, int64_t seq_id,
-                            int32_t num_tokens, int64_t* slots,
+kvp_error* kvpgo_seq_append(kvp_cache* cache, int64_t seq_id, int32_t num_tokens, int64_t* slots,
                             uintptr_t stream) {
   return kvp_seq_append(cache, seq_id, num_tokens, slots, (void*)stream);
 }
 
-kvp_error* kvpgo_write(kvp_cache* cache, int32_t layer, int32_t num_tokens,
-                       int32_t input_dtype, const void* key,
-                       const void* value, int64_t key_token_stride,
-                       int64_t value_token_stride,
-                       const int64_t* slot_mapping, uintptr_t stream) {
+kvp_error* kvpgo_write(kvp_cache* cache, int32_t layer, int32_t num_tokens, int32_t input_dtype,
+                       const void* key, const void* value, int64_t key_token_stride,
+                       int64_t value_token_stride, const int64_t* slot_mapping, uintptr_t stream) {
   kvp_write_args a;
   kvp_write_args_init(&a);
   a.layer = layer;
@@ -47,39 +43,31 @@ kvp_error* kvpgo_write(kvp_cache* cache, int32_t layer, int32_t num_tokens,
   return kvp_cache_write(cache, &a, (void*)stream);
 }
 
-kvp_error* kvpgo_write_raw(kvp_cache* cache, int32_t layer,
-                           int32_t num_tokens, int32_t input_dtype,
-                           uintptr_t key, uintptr_t value,
-                           int64_t key_token_stride,
-                           int64_t value_token_stride, uintptr_t slot_mapping,
-                           uintptr_t stream) {
-  return kvpgo_write(cache, layer, num_tokens, input_dtype, (const void*)key,
-                     (const void*)value, key_token_stride, value_token_stride,
-                     (const int64_t*)slot_mapping, stream);
+kvp_error* kvpgo_write_raw(kvp_cache* cache, int32_t layer, int32_t num_tokens, int32_t input_dtype,
+                           uintptr_t key, uintptr_t value, int64_t key_token_stride,
+                           int64_t value_token_stride, uintptr_t slot_mapping, uintptr_t stream) {
+  return kvpgo_write(cache, layer, num_tokens, input_dtype, (const void*)key, (const void*)value,
+                     key_token_stride, value_token_stride, (const int64_t*)slot_mapping, stream);
 }
 
-kvp_error* kvpgo_copy_blocks(kvp_cache* cache, const int32_t* pairs,
-                             int32_t num_pairs, uintptr_t stream) {
+kvp_error* kvpgo_copy_blocks(kvp_cache* cache, const int32_t* pairs, int32_t num_pairs,
+                             uintptr_t stream) {
   return kvp_cache_copy_blocks(cache, pairs, num_pairs, (void*)stream);
 }
 
-kvp_error* kvpgo_copy_blocks_raw(kvp_cache* cache, uintptr_t pairs,
-                                 int32_t num_pairs, uintptr_t stream) {
-  return kvp_cache_copy_blocks(cache, (const int32_t*)pairs, num_pairs,
-                               (void*)stream);
+kvp_error* kvpgo_copy_blocks_raw(kvp_cache* cache, uintptr_t pairs, int32_t num_pairs,
+                                 uintptr_t stream) {
+  return kvp_cache_copy_blocks(cache, (const int32_t*)pairs, num_pairs, (void*)stream);
 }
 
-kvp_error* kvpgo_transfer_blocks(kvp_cache* dst, const kvp_cache* src,
-                                 const int32_t* pairs, int32_t num_pairs,
-                                 uintptr_t stream) {
+kvp_error* kvpgo_transfer_blocks(kvp_cache* dst, const kvp_cache* src, const int32_t* pairs,
+                                 int32_t num_pairs, uintptr_t stream) {
   return kvp_cache_transfer_blocks(dst, src, pairs, num_pairs, (void*)stream);
 }
 
-void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads,
-                         int32_t max_num_seqs, int32_t max_context_len,
-                         int32_t max_query_len, int32_t q_dtype,
-                         int32_t out_dtype, uintptr_t workspace,
-                         uint64_t workspace_bytes) {
+void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t max_num_seqs,
+                         int32_t max_context_len, int32_t max_query_len, int32_t q_dtype,
+                         int32_t out_dtype, uintptr_t workspace, uint64_t workspace_bytes) {
   kvp_decode_config_init(c);
   c->num_query_heads = num_query_heads;
   c->max_num_seqs = max_num_seqs;
@@ -91,14 +79,12 @@ void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads,
   c->workspace_bytes = workspace_bytes;
 }
 
-kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
-                        int32_t query_len, int32_t sliding_window,
-                        float sm_scale, float logits_soft_cap, const void* q,
-                        int64_t q_token_stride, const int32_t* block_table,
+kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs, int32_t query_len,
+                        int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                        const void* q, int64_t q_token_stride, const int32_t* block_table,
                         int64_t block_table_stride, int32_t block_table_width,
-                        const int32_t* seq_lens, const float* alibi_slopes,
-                        void* out, int64_t out_token_stride, float* lse,
-                        uintptr_t stream) {
+                        const int32_t* seq_lens, const float* alibi_slopes, void* out,
+                        int64_t out_token_stride, float* lse, uintptr_t stream) {
   kvp_decode_args a;
   kvp_decode_args_init(&a);
   a.layer = layer;
@@ -120,24 +106,18 @@ kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
   return kvp_decode(decoder, &a, (void*)stream);
 }
 
-kvp_error* kvpgo_decode_raw(kvp_decoder* decoder, int32_t layer,
-                            int32_t num_seqs, int32_t query_len,
-                            int32_t sliding_window, float sm_scale,
-                            float logits_soft_cap, uintptr_t q,
-                            int64_t q_token_stride, uintptr_t block_table,
-                            int64_t block_table_stride,
-                            int32_t block_table_width, uintptr_t seq_lens,
-                            uintptr_t alibi_slopes, uintptr_t out,
-                            int64_t out_token_stride, uintptr_t lse,
+kvp_error* kvpgo_decode_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
+                            int32_t query_len, int32_t sliding_window, float sm_scale,
+                            float logits_soft_cap, uintptr_t q, int64_t q_token_stride,
+                            uintptr_t block_table, int64_t block_table_stride,
+                            int32_t block_table_width, uintptr_t seq_lens, uintptr_t alibi_slopes,
+                            uintptr_t out, int64_t out_token_stride, uintptr_t lse,
                             uintptr_t stream) {
-  return kvpgo_decode(decoder, layer, num_seqs, query_len, sliding_window,
-                      sm_scale, logits_soft_cap, (const void*)q,
-                      q_token_stride, (const int32_t*)block_table,
-                      block_table_stride, block_table_width,
-                      (const int32_t*)seq_lens, (const float*)alibi_slopes,
-                      (void*)out, out_token_stride, (float*)lse, stream);
+  return kvpgo_decode(decoder, layer, num_seqs, query_len, sliding_window, sm_scale,
+                      logits_soft_cap, (const void*)q, q_token_stride, (const int32_t*)block_table,
+                      block_table_stride, block_table_width, (const int32_t*)seq_lens,
+                      (const float*)alibi_slopes, (void*)out, out_token_stride, (float*)lse,
+                      stream);
 }
 
-void kvpgo_read_host(void* dst, uintptr_t src, size_t n) {
-  memcpy(dst, (const void*)src, n);
-}
+void kvpgo_read_host(void* dst, uintptr_t src, size_t n) { memcpy(dst, (const void*)src, n); }

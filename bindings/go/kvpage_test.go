@@ -679,6 +679,24 @@ func TestErrorsCarryCodeAndArgument(t *testing.T) {
 	}
 }
 
+func TestCheckedModeReachesTheLibrary(t *testing.T) {
+	if DefaultCacheConfig().Checked {
+		t.Fatal("DefaultCacheConfig().Checked is true; the library's default is off")
+	}
+	cfg := DefaultCacheConfig()
+	cfg.NumBlocks, cfg.NumKVHeads, cfg.HeadSize, cfg.Checked = 4, 1, 64, true
+	c := must(NewCache(cfg))
+	s := must(c.CreateSeq())
+	eq(t, "slots of a checked cache", len(must(c.Append(s, 3))), 3)
+	ok(t, c.Close())
+	// The value arrives in kvp_cache_config.checked: the library refuses 2
+	// and names the field.
+	if _, err := newCache(cfg, 2); !errors.Is(err, CodeInvalidArgument) ||
+		!strings.Contains(err.Error(), "config->checked = 2") {
+		t.Fatalf("newCache with checked = 2: %v", err)
+	}
+}
+
 func TestVersionsAndConversions(t *testing.T) {
 	eq(t, "Version", Version(), "0.1.0")
 	if major, _ := ABIVersion(); major != 1 {

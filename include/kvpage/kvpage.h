@@ -37,6 +37,9 @@
 #ifndef KVPAGE_KVPAGE_H_
 #define KVPAGE_KVPAGE_H_
 
+/* Laid out by hand, as sqlite3.h and zstd.h are (field comments aligned). */
+/* clang-format off */
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,6 +70,18 @@ extern "C" {
  * to a struct. */
 #define KVP_ABI_MAJOR 1
 #define KVP_ABI_MINOR 1
+
+/* Struct sizes by ABI version, as PJRT_STRUCT_SIZE in OpenXLA's PJRT C API:
+ * the bytes of `type` up to and including `last_field`. Each struct that
+ * begins with struct_size, and the function table, is followed by
+ * KVP_<NAME>_STRUCT_SIZE_<major>_<minor> for the version that first released
+ * it and for each minor that appended to it, naming that version's last
+ * field; the library accepts any struct_size at least the first one. A field
+ * appended after the first release ends its line with a comment holding only
+ * the ABI version that added it (`ABI 1.1`, as kvp_cache_config.checked
+ * does); fields without that mark are ABI 1.0. */
+#define KVP_STRUCT_SIZE(type, last_field) \
+  (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
 /* "0.1.0": the package version of the loaded library. */
 KVP_EXPORT const char* kvp_version_string(void);
@@ -147,6 +162,7 @@ typedef struct kvp_allocator {
   void (*free)(void* user_data, void* ptr, size_t bytes, int32_t device_kind,
                int32_t device_ordinal);
 } kvp_allocator;
+#define KVP_ALLOCATOR_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_allocator, free)
 
 KVP_EXPORT void kvp_allocator_init(kvp_allocator* allocator);
 
@@ -156,13 +172,22 @@ typedef struct kvp_cache_config {
   /* CUDA device; default 0. Every call on the cache runs there, whatever
    * the calling thread's current device, and leaves that current device as
    * it found it; device pointers passed for the cache (inputs, tables,
-   * outputs) are memory of this device. */
+   * outputs) are memory of this device. Must be 0 for KVP_DEVICE_CPU
+   * (there is one CPU device; anything else is KVP_ERR_INVALID_ARGUMENT,
+   * which catches a GPU cache whose device_kind was left at its default). */
   int32_t device_ordinal;
   int32_t num_layers;     /* >= 1; default 1 */
-  int32_t num_blocks;     /* >= 1; default 0 (must be set) */
+  /* >= 1; default 0 (must be set). num_blocks * block_size (the number of
+   * slots) must be below 2^31: slots and block ids are int32 in the
+   * kernels. A larger product is KVP_ERR_INVALID_ARGUMENT, refused before
+   * anything is allocated. */
+  int32_t num_blocks;
   int32_t block_size;     /* tokens per block: 8, 16 or 32; default 16 */
   int32_t num_kv_heads;   /* 1..65535; default 0 (must be set) */
-  int32_t head_size;      /* 64, 80, 96, 112, 128 or 256; default 128 */
+  /* Head size and dtypes: those this build holds, kvp_build_info()'s
+   * head_sizes and kv_dtypes (a full build: head size 64, 80, 96, 112, 128
+   * or 256, every dtype below; a reduced build, fewer). */
+  int32_t head_size;     /* default 128 */
   int32_t k_dtype;        /* FP16, BF16, FP8_E4M3, INT8, INT4; default BF16 */
   int32_t v_dtype;        /* same set as k_dtype; default BF16 */
   int32_t reserved0;      /* must be 0 */
@@ -175,7 +200,7 @@ typedef struct kvp_cache_config {
    * creation; the functions must stay callable until the cache and its
    * decoders are destroyed. */
   const kvp_allocator* allocator;
-  /* ABI 1.1. Checked mode (default 0 = off): the CUDA kernels validate what
+  /* Checked mode (default 0 = off): the CUDA kernels validate what
    * they read from device memory — block ids in block tables (against
    * num_blocks), seq_lens (against max_context_len and block_table_width *
    * block_size), slot mappings and device-side copy pairs — and skip any
@@ -190,8 +215,10 @@ typedef struct kvp_cache_config {
    * mode. In the default fast mode the CUDA kernels trust them (see
    * docs/RELIABILITY.md): slots out of range are skipped, anything else out
    * of range is undefined behaviour. */
-  int32_t checked;
+  int32_t checked; /* ABI 1.1 */
 } kvp_cache_config;
+#define KVP_CACHE_CONFIG_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_cache_config, allocator)
+#define KVP_CACHE_CONFIG_STRUCT_SIZE_1_1 KVP_STRUCT_SIZE(kvp_cache_config, checked)
 
 KVP_EXPORT void kvp_cache_config_init(kvp_cache_config* config);
 
@@ -239,6 +266,7 @@ typedef struct kvp_layer_layout {
   int64_t k_scale_bytes;
   int64_t v_scale_bytes;
 } kvp_layer_layout;
+#define KVP_LAYER_LAYOUT_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_layer_layout, v_scale_bytes)
 
 KVP_EXPORT void kvp_layer_layout_init(kvp_layer_layout* layout);
 KVP_EXPORT kvp_error* kvp_cache_get_layout(const kvp_cache* cache,
@@ -263,6 +291,7 @@ typedef struct kvp_cache_info {
   int64_t bytes_per_token_per_layer;
   int64_t total_bytes; /* everything the cache allocated */
 } kvp_cache_info;
+#define KVP_CACHE_INFO_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_cache_info, total_bytes)
 
 KVP_EXPORT void kvp_cache_info_init(kvp_cache_info* info);
 KVP_EXPORT kvp_error* kvp_cache_get_info(const kvp_cache* cache,
@@ -317,7 +346,18 @@ KVP_EXPORT kvp_error* kvp_cache_export_block_table(
  * slot_mapping[t] (int64, vLLM's convention; -1 skips the token). Pointers
  * are in the cache's memory space. Quantized dtypes get one scale per token
  * and KV head. Non-finite inputs are stored as 0 and counted; values beyond
- * the format's range saturate and are counted (kvp_cache_get_write_stats). */
+ * the format's range saturate and are counted (kvp_cache_get_write_stats).
+ *
+ * Slots other than -1 must be distinct within one call. A repeated slot is
+ * not refused (finding it would cost the GPU write a pass over the
+ * mapping) and touches no other slot, but what it holds is unspecified on
+ * the CUDA backend (its K, V and scales may come from different tokens of
+ * the call); on the CPU backend it holds the K, V and scales of one of
+ * those tokens, whole.
+ *
+ * num_tokens = 0 is a no-op that succeeds; every other argument is still
+ * checked (layer, input_dtype, strides, reserved0), except key, value and
+ * slot_mapping, which may then be NULL. */
 typedef struct kvp_write_args {
   size_t struct_size;
   int32_t layer;
@@ -330,6 +370,7 @@ typedef struct kvp_write_args {
   int64_t value_token_stride;
   const int64_t* slot_mapping;
 } kvp_write_args;
+#define KVP_WRITE_ARGS_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_write_args, slot_mapping)
 
 KVP_EXPORT void kvp_write_args_init(kvp_write_args* args);
 KVP_EXPORT kvp_error* kvp_cache_write(kvp_cache* cache,
@@ -344,6 +385,7 @@ typedef struct kvp_write_stats {
   uint64_t non_finite; /* NaN / +-Inf input values (stored as 0) */
   uint64_t saturated;  /* finite values clipped to the format's range */
 } kvp_write_stats;
+#define KVP_WRITE_STATS_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_write_stats, saturated)
 
 KVP_EXPORT void kvp_write_stats_init(kvp_write_stats* stats);
 KVP_EXPORT kvp_error* kvp_cache_get_write_stats(const kvp_cache* cache,
@@ -362,7 +404,11 @@ KVP_EXPORT kvp_error* kvp_cache_copy_blocks(kvp_cache* cache,
                                             int32_t num_pairs, void* stream);
 /* Same, from block pairs[2i] of `src` to block pairs[2i+1] of `dst`: two
  * caches of the same geometry and dtypes (e.g. a GPU cache and its CPU swap
- * space). `pairs` is host memory. */
+ * space). `pairs` is host memory. Their key smoothing vectors must be equal
+ * bit for bit, or both absent: the stored K is K / lambda, so a block
+ * decodes to other keys under another lambda. Any difference is
+ * KVP_ERR_INVALID_ARGUMENT (naming the first differing kv head and channel
+ * and both values) and nothing is copied. */
 KVP_EXPORT kvp_error* kvp_cache_transfer_blocks(kvp_cache* dst,
                                                 const kvp_cache* src,
                                                 const int32_t* pairs,
@@ -408,6 +454,7 @@ typedef struct kvp_decode_config {
   void* workspace;
   uint64_t workspace_bytes;
 } kvp_decode_config;
+#define KVP_DECODE_CONFIG_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_decode_config, workspace_bytes)
 
 KVP_EXPORT void kvp_decode_config_init(kvp_decode_config* config);
 KVP_EXPORT kvp_error* kvp_decode_workspace_size(const kvp_cache* cache,
@@ -441,10 +488,15 @@ typedef struct kvp_decode_args {
   int64_t out_token_stride; /* elements; 0 = num_query_heads * head_size */
   float* lse;  /* [num_seqs][query_len][num_query_heads] FP32, or NULL */
 } kvp_decode_args;
+#define KVP_DECODE_ARGS_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_decode_args, lse)
 
 KVP_EXPORT void kvp_decode_args_init(kvp_decode_args* args);
 /* Launches on `stream` (a cudaStream_t; NULL = the default stream) without
- * allocating or synchronizing; runs at once on the CPU backend. */
+ * allocating or synchronizing; runs at once on the CPU backend.
+ * num_seqs = 0 is a no-op that succeeds; every other argument is still
+ * checked (layer, query_len, sliding_window, sm_scale, logits_soft_cap,
+ * strides, block_table_width, reserved0), except q, block_table, seq_lens,
+ * out and lse, which may then be NULL. */
 KVP_EXPORT kvp_error* kvp_decode(kvp_decoder* decoder,
                                  const kvp_decode_args* args, void* stream);
 
@@ -500,6 +552,7 @@ typedef struct kvp_api {
   void (*decode_args_init)(kvp_decode_args*);
   kvp_error* (*decode)(kvp_decoder*, const kvp_decode_args*, void*);
 } kvp_api;
+#define KVP_API_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_api, decode)
 
 /* The function table of ABI major `abi_major`, or NULL if this library does
  * not provide it. Check table->abi_minor (or struct_size) before using
@@ -511,5 +564,7 @@ typedef const kvp_api* (*kvp_get_api_fn)(uint32_t abi_major);
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+/* clang-format on */
 
 #endif /* KVPAGE_KVPAGE_H_ */

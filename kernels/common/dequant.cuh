@@ -133,10 +133,9 @@ __device__ __forceinline__ void Int4x8ToFloat(uint32_t w, float* f) {
 // before): every E4M3 value is exact in FP16. NaN codes (0x7F/0xFF) never
 // occur in written tokens.
 __device__ __forceinline__ void Fp8x4ToHalf2x2(uint32_t w, __half2& e01, __half2& e23) {
-  e01 = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu),
-                                           __NV_E4M3));
-  e23 = __half2(
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
+  e01 = __half2(
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3));
+  e23 = __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3));
 }
 
 __device__ __forceinline__ void Fp8x4ToFloat(uint32_t w, float* f) {

@@ -71,10 +71,10 @@ template <bool kBf16>
 __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
   if constexpr (kBf16) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&v);
+    return *reinterpret_cast<const uint32_t*>(&v);
   } else {
     const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&v);
+    return *reinterpret_cast<const uint32_t*>(&v);
   }
 }
 

@@ -28,7 +28,7 @@ namespace kernels {
 
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 
-constexpr uint16_t kHalfMaxBits = 0x7BFF;   // 65504
+constexpr uint16_t kHalfMaxBits = 0x7BFF;  // 65504
 constexpr uint16_t kHalfInfBits = 0x7C00;
 constexpr uint16_t kHalfSignBits = 0x8000;
 constexpr uint16_t kBf16MaxBits = 0x7F7F;
@@ -46,8 +46,7 @@ struct LaneStats {
 // overflowed -> +-FLT_MAX. Counts the element once, here, like the CPU's
 // first pass does. *overflow records formats.cc's Fixup::kOverflow, the
 // only fixup later steps need to know about.
-__device__ __forceinline__ float PrepareValue(float x, float lambda,
-                                              bool smooth, bool* overflow,
+__device__ __forceinline__ float PrepareValue(float x, float lambda, bool smooth, bool* overflow,
                                               LaneStats* stats) {
   *overflow = false;
   const bool finite = isfinite(x);
@@ -75,9 +74,7 @@ __device__ __forceinline__ void CountClip(bool clipped, bool uncounted, LaneStat
   stats->saturated += static_cast<unsigned>(clipped && !uncounted);
 }
 
-__device__ __forceinline__ uint16_t HalfBits(__half h) {
-  return __half_as_ushort(h);
-}
+__device__ __forceinline__ uint16_t HalfBits(__half h) { return __half_as_ushort(h); }
 __device__ __forceinline__ float HalfBitsToFloat(uint16_t bits) {
   return __half2float(__ushort_as_half(bits));  // exact
 }
@@ -98,8 +95,8 @@ __device__ __forceinline__ uint16_t ScaleUp(float quotient, bool* clipped) {
 // largest finite value of its sign and is counted.
 __device__ __forceinline__ uint32_t Float16Code(float v, bool bf16, bool uncounted,
                                                 LaneStats* stats) {
-  const uint32_t code = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
-                             : HalfBits(__float2half_rn(v));
+  const uint32_t code =
+      bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v)) : HalfBits(__float2half_rn(v));
   const bool inf = (code & 0x7FFF) == (bf16 ? kBf16InfBits : kHalfInfBits);
   CountClip(inf, uncounted, stats);
   return inf ? (code & kHalfSignBits) | (bf16 ? kBf16MaxBits : kHalfMaxBits) : code;
@@ -149,7 +146,7 @@ __device__ constexpr ConstantDivisor kInt4CodeMax{15.0f, 0x1.111112p-4f};
 // (taken only for operands or results outside the normal range, never
 // here). The GPU test checks it against __frcp_rn for every positive
 // finite FP16 value. INT8 writes measured 0.5-1% faster with it, the
-// other dtypes the same (docs/PERF_NOTES.md, session 14).
+// other dtypes the same (docs/archive.md, "Cache write").
 __device__ __forceinline__ float HalfReciprocal(float s) {
   float r0;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(s));

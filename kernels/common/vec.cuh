@@ -111,7 +111,9 @@ __device__ __forceinline__ void CpAsync(void* smem, const void* gmem, bool in = 
 }
 
 // Closes the group of this thread's cp.async issued since the last commit.
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 
 // Waits until at most kPending of this thread's committed groups are still
 // in flight (the older ones are in shared memory, visible to this thread).

@@ -243,16 +243,17 @@ int main(int argc, char** argv) {
           const float got = out[(size_t)s * Q_DENSE + (size_t)h * HEAD + d];
           const double err = fabs((double)got - ref);
           if (!isfinite(got)) {
-            fprintf(stderr, "layer %d seq %d head %d dim %d: output %g is not finite\n", l, s, h,
-                    d, got);
+            fprintf(stderr, "layer %d seq %d head %d dim %d: output %g is not finite\n", l, s, h, d,
+                    got);
             fail("non-finite or unwritten output");
           }
           if (err > max_err) max_err = err;
           if (err / tol > max_ratio) max_ratio = err / tol;
           if (err > tol || err > CAP) {
-            fprintf(stderr, "layer %d seq %d head %d dim %d: got %.6f, reference %.6f, error %.4f "
-                    "> tolerance %.4f (seed %llu)\n", l, s, h, d, got, ref, err, tol,
-                    (unsigned long long)seed);
+            fprintf(stderr,
+                    "layer %d seq %d head %d dim %d: got %.6f, reference %.6f, error %.4f "
+                    "> tolerance %.4f (seed %llu)\n",
+                    l, s, h, d, got, ref, err, tol, (unsigned long long)seed);
             fail("decode output differs from the float64 reference");
           }
         }
@@ -280,11 +281,11 @@ int main(int argc, char** argv) {
   free(slots);
   free(keys);
   free(values);
-  printf("c99_api_test: OK: %s, INT8 K / INT4 V, %d layers, seqs {5, 17, 40}, GQA %d/%d: "
-         "max |out - ref| %.4f (%.0f%% of its tolerance; largest tolerance %.4f), "
-         "max |lse - ref| %.4f, seed %llu\n",
-         kvp_version_string(), NUM_LAYERS, Q_HEADS, KV_HEADS, max_err, 100.0 * max_ratio, max_tol,
-         max_lse_err,
-         (unsigned long long)seed);
+  printf(
+      "c99_api_test: OK: %s, INT8 K / INT4 V, %d layers, seqs {5, 17, 40}, GQA %d/%d: "
+      "max |out - ref| %.4f (%.0f%% of its tolerance; largest tolerance %.4f), "
+      "max |lse - ref| %.4f, seed %llu\n",
+      kvp_version_string(), NUM_LAYERS, Q_HEADS, KV_HEADS, max_err, 100.0 * max_ratio, max_tol,
+      max_lse_err, (unsigned long long)seed);
   return 0;
 }

@@ -279,8 +279,10 @@ int main(int argc, char** argv) {
       if (err > max_err) max_err = err;
       if (err / tol > max_ratio) max_ratio = err / tol;
       if (err > tol || err > CAP) {
-        fprintf(stderr, "head %d dim %d: got %.6f, reference %.6f, error %.4f > tolerance %.4f "
-                "(seed %llu)\n", h, d, got, ref, err, tol, (unsigned long long)seed);
+        fprintf(stderr,
+                "head %d dim %d: got %.6f, reference %.6f, error %.4f > tolerance %.4f "
+                "(seed %llu)\n",
+                h, d, got, ref, err, tol, (unsigned long long)seed);
         fail("decode output differs from the float64 reference");
       }
     }
@@ -310,8 +312,9 @@ int main(int argc, char** argv) {
   api->cache_destroy(cache);
   api = NULL;
   if (dlclose(lib) != 0) fail("dlclose");
-  printf("dlopen_test: OK: kvp_get_api alone, %s, FP8 K/V, 33 tokens, BF16 q/out: "
-         "max |out - ref| %.4f (%.0f%% of its tolerance), max |lse - ref| %.4f, seed %llu\n",
-         KVP_VERSION_STRING, max_err, 100.0 * max_ratio, max_lse_err, (unsigned long long)seed);
+  printf(
+      "dlopen_test: OK: kvp_get_api alone, %s, FP8 K/V, 33 tokens, BF16 q/out: "
+      "max |out - ref| %.4f (%.0f%% of its tolerance), max |lse - ref| %.4f, seed %llu\n",
+      KVP_VERSION_STRING, max_err, 100.0 * max_ratio, max_lse_err, (unsigned long long)seed);
   return 0;
 }

@@ -9,6 +9,8 @@
 // exported block table, the write statistics and every byte of every layer).
 //
 // Suites are named BadInput* and Api* so that --gtest_filter selects them.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -22,8 +24,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kvpage/kvpage.h"
 
@@ -107,18 +107,18 @@ void CheckError(kvp_error* e, int32_t code, const Needles& needles) {
   kvp_error_free(e);
 }
 
-#define EXPECT_KVP_ERROR(code, needles, ...)       \
-  do {                                             \
-    SCOPED_TRACE(#__VA_ARGS__);                    \
-    CheckError((__VA_ARGS__), (code), (needles));  \
+#define EXPECT_KVP_ERROR(code, needles, ...)      \
+  do {                                            \
+    SCOPED_TRACE(#__VA_ARGS__);                   \
+    CheckError((__VA_ARGS__), (code), (needles)); \
   } while (0)
 
-#define ASSERT_KVP_OK(...)                                                   \
-  do {                                                                       \
-    kvp_error* ok_err_ = (__VA_ARGS__);                                      \
-    ASSERT_EQ(ok_err_, nullptr) << #__VA_ARGS__ << ": "                      \
-                                << kvp_error_code_name(kvp_error_code(ok_err_)) \
-                                << ": " << kvp_error_message(ok_err_);       \
+#define ASSERT_KVP_OK(...)                                                              \
+  do {                                                                                  \
+    kvp_error* ok_err_ = (__VA_ARGS__);                                                 \
+    ASSERT_EQ(ok_err_, nullptr) << #__VA_ARGS__ << ": "                                 \
+                                << kvp_error_code_name(kvp_error_code(ok_err_)) << ": " \
+                                << kvp_error_message(ok_err_);                          \
   } while (0)
 
 // ---- Snapshots of a cache's whole state ------------------------------------
@@ -181,9 +181,8 @@ void ExpectSameState(const CacheState& a, const CacheState& b, const char* which
   EXPECT_EQ(a.saturated, b.saturated) << which << ": write stats changed";
   ASSERT_EQ(a.regions.size(), b.regions.size());
   for (size_t i = 0; i < a.regions.size(); ++i) {
-    EXPECT_TRUE(a.regions[i] == b.regions[i])
-        << which << ": bytes of layer " << i / 4 << " region " << i % 4
-        << " (K, V, K scales, V scales) changed";
+    EXPECT_TRUE(a.regions[i] == b.regions[i]) << which << ": bytes of layer " << i / 4 << " region "
+                                              << i % 4 << " (K, V, K scales, V scales) changed";
   }
 }
 
@@ -415,8 +414,10 @@ TEST(ApiStructs, LargerOutputStructsKeepTheirTail) {
 
 TEST(BadInputDevice, DeviceCount) {
   int32_t count = -777;
-  EXPECT_KVP_ERROR(KVP_ERR_INVALID_ARGUMENT, Msg("count"), kvp_device_count(KVP_DEVICE_CPU, nullptr));
-  EXPECT_KVP_ERROR(KVP_ERR_INVALID_ARGUMENT, Msg("count"), kvp_device_count(KVP_DEVICE_CUDA, nullptr));
+  EXPECT_KVP_ERROR(KVP_ERR_INVALID_ARGUMENT, Msg("count"),
+                   kvp_device_count(KVP_DEVICE_CPU, nullptr));
+  EXPECT_KVP_ERROR(KVP_ERR_INVALID_ARGUMENT, Msg("count"),
+                   kvp_device_count(KVP_DEVICE_CUDA, nullptr));
   for (int32_t kind : {7, -1, 2, kI32Max, kI32Min}) {
     EXPECT_KVP_ERROR(KVP_ERR_INVALID_ARGUMENT, Msg("device_kind", S(kind)),
                      kvp_device_count(kind, &count));
@@ -464,14 +465,15 @@ TEST(BadInputCacheCreate, ConfigMatrix) {
       {"num_layers -1", [](kvp_cache_config* c) { c->num_layers = -1; }, Msg("num_layers", "-1")},
       {"num_blocks 0", [](kvp_cache_config* c) { c->num_blocks = 0; }, Msg("num_blocks", "0")},
       {"num_blocks -5", [](kvp_cache_config* c) { c->num_blocks = -5; }, Msg("num_blocks", "-5")},
-      {"num_blocks * block_size >= 2^31",
-       [](kvp_cache_config* c) { c->num_blocks = kI32Max / 8; },
+      {"num_blocks * block_size >= 2^31", [](kvp_cache_config* c) { c->num_blocks = kI32Max / 8; },
        Msg("num_blocks", S(kI32Max / 8))},
       {"block_size 12", [](kvp_cache_config* c) { c->block_size = 12; }, Msg("block_size", "12")},
       {"block_size 0", [](kvp_cache_config* c) { c->block_size = 0; }, Msg("block_size", "0")},
       {"block_size 64", [](kvp_cache_config* c) { c->block_size = 64; }, Msg("block_size", "64")},
-      {"block_size -16", [](kvp_cache_config* c) { c->block_size = -16; }, Msg("block_size", "-16")},
-      {"num_kv_heads 0", [](kvp_cache_config* c) { c->num_kv_heads = 0; }, Msg("num_kv_heads", "0")},
+      {"block_size -16", [](kvp_cache_config* c) { c->block_size = -16; },
+       Msg("block_size", "-16")},
+      {"num_kv_heads 0", [](kvp_cache_config* c) { c->num_kv_heads = 0; },
+       Msg("num_kv_heads", "0")},
       {"num_kv_heads -2", [](kvp_cache_config* c) { c->num_kv_heads = -2; },
        Msg("num_kv_heads", "-2")},
       {"num_kv_heads 65536", [](kvp_cache_config* c) { c->num_kv_heads = 65536; },
@@ -482,10 +484,12 @@ TEST(BadInputCacheCreate, ConfigMatrix) {
       {"head_size -128", [](kvp_cache_config* c) { c->head_size = -128; },
        Msg("head_size", "-128")},
       {"k_dtype 99", [](kvp_cache_config* c) { c->k_dtype = 99; }, Msg("k_dtype", "99")},
-      {"k_dtype FP32", [](kvp_cache_config* c) { c->k_dtype = KVP_DTYPE_FP32; }, Msg("k_dtype", "0")},
+      {"k_dtype FP32", [](kvp_cache_config* c) { c->k_dtype = KVP_DTYPE_FP32; },
+       Msg("k_dtype", "0")},
       {"k_dtype -1", [](kvp_cache_config* c) { c->k_dtype = -1; }, Msg("k_dtype", "-1")},
       {"v_dtype 99", [](kvp_cache_config* c) { c->v_dtype = 99; }, Msg("v_dtype", "99")},
-      {"v_dtype FP32", [](kvp_cache_config* c) { c->v_dtype = KVP_DTYPE_FP32; }, Msg("v_dtype", "0")},
+      {"v_dtype FP32", [](kvp_cache_config* c) { c->v_dtype = KVP_DTYPE_FP32; },
+       Msg("v_dtype", "0")},
       {"v_dtype 6", [](kvp_cache_config* c) { c->v_dtype = 6; }, Msg("v_dtype", "6")},
       {"device_kind 7", [](kvp_cache_config* c) { c->device_kind = 7; }, Msg("device_kind", "7")},
       {"device_kind -1", [](kvp_cache_config* c) { c->device_kind = -1; },
@@ -533,8 +537,8 @@ TEST(BadInputCacheCreate, KeySmoothingMustBePositiveFinite) {
   const struct {
     float value;
     const char* text;
-  } kBad[] = {{0.0f, "0"}, {-1.0f, "-1"}, {kNaN, "nan"}, {kInf, "inf"}, {-kInf, "-inf"},
-              {-0.0f, "-0"}};
+  } kBad[] = {{0.0f, "0"},   {-1.0f, "-1"},   {kNaN, "nan"},
+              {kInf, "inf"}, {-kInf, "-inf"}, {-0.0f, "-0"}};
   std::uniform_int_distribution<int> pick(0, n - 1);
   for (const auto& bad : kBad) {
     SCOPED_TRACE(bad.text);
@@ -704,8 +708,8 @@ TEST(BadInputCacheCreate, ByteCountOverflow) {
     cfg.v_dtype = KVP_DTYPE_FP16;
     cfg.allocator = &a;
     // K and V data alone: 2 bytes each per element.
-    const long double need = 4.0L * c.num_layers * c.num_blocks * c.block_size *
-                             c.num_kv_heads * c.head_size;
+    const long double need =
+        4.0L * c.num_layers * c.num_blocks * c.block_size * c.num_kv_heads * c.head_size;
     kvp_cache* out = reinterpret_cast<kvp_cache*>(0x1);
     kvp_error* e = kvp_cache_create(&cfg, &out);
     ++g_num_cases;
@@ -915,7 +919,8 @@ class BadInputCache : public ::testing::Test {
   State Snap() const {
     State s;
     s.main = Snapshot(cache_, live_);
-    for (size_t i = 0; i < extra_.size(); ++i) s.extra.push_back(Snapshot(extra_[i], extra_live_[i]));
+    for (size_t i = 0; i < extra_.size(); ++i)
+      s.extra.push_back(Snapshot(extra_[i], extra_live_[i]));
     s.out = out_;
     s.lse = lse_;
     return s;
@@ -966,24 +971,28 @@ class BadInputCache : public ::testing::Test {
 };
 
 // A failing call that must leave every cache (and decode output) unchanged.
-#define EXPECT_FAILS_UNCHANGED(code, needles, ...)    \
-  do {                                                \
-    SCOPED_TRACE(#__VA_ARGS__);                       \
-    const State before_ = Snap();                     \
-    CheckError((__VA_ARGS__), (code), (needles));     \
-    ExpectUnchanged(before_);                         \
+#define EXPECT_FAILS_UNCHANGED(code, needles, ...) \
+  do {                                             \
+    SCOPED_TRACE(#__VA_ARGS__);                    \
+    const State before_ = Snap();                  \
+    CheckError((__VA_ARGS__), (code), (needles));  \
+    ExpectUnchanged(before_);                      \
   } while (0)
 
 // Ids that never named a sequence, or no longer do.
-std::vector<int64_t> UnknownIds(int64_t stale) { return {stale, 0, -1, 987654321, kI64Max, kI64Min}; }
+std::vector<int64_t> UnknownIds(int64_t stale) {
+  return {stale, 0, -1, 987654321, kI64Max, kI64Min};
+}
 
 TEST_F(BadInputCache, LayoutAndInfo) {
   kvp_layer_layout lay;
   std::memset(&lay, 0xCD, sizeof(lay));
   lay.struct_size = sizeof(lay);
   const kvp_layer_layout lay0 = lay;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_cache_get_layout(nullptr, 0, &lay));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("layout"), kvp_cache_get_layout(cache_, 0, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_get_layout(nullptr, 0, &lay));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("layout"),
+                         kvp_cache_get_layout(cache_, 0, nullptr));
   for (int32_t layer : {-1, kLayers, 1000, kI32Min}) {
     EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("layer", S(layer)),
                            kvp_cache_get_layout(cache_, layer, &lay));
@@ -1001,8 +1010,10 @@ TEST_F(BadInputCache, LayoutAndInfo) {
   std::memset(&info, 0xCD, sizeof(info));
   info.struct_size = sizeof(info);
   const kvp_cache_info info0 = info;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_cache_get_info(nullptr, &info));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("info"), kvp_cache_get_info(cache_, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_get_info(nullptr, &info));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("info"),
+                         kvp_cache_get_info(cache_, nullptr));
   for (size_t size : {size_t{0}, size_t{8}}) {
     info.struct_size = size;
     EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("info", "struct_size", S(size)),
@@ -1017,8 +1028,10 @@ TEST_F(BadInputCache, WriteStats) {
   std::memset(&st, 0xCD, sizeof(st));
   st.struct_size = sizeof(st);
   const kvp_write_stats st0 = st;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_cache_get_write_stats(nullptr, &st));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("stats"), kvp_cache_get_write_stats(cache_, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_get_write_stats(nullptr, &st));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("stats"),
+                         kvp_cache_get_write_stats(cache_, nullptr));
   for (size_t size : {size_t{0}, size_t{8}}) {
     st.struct_size = size;
     EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("stats", "struct_size", S(size)),
@@ -1026,7 +1039,8 @@ TEST_F(BadInputCache, WriteStats) {
     st.struct_size = st0.struct_size;
     EXPECT_EQ(0, std::memcmp(&st, &st0, sizeof(st)));
   }
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_cache_reset_write_stats(nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_reset_write_stats(nullptr));
 }
 
 TEST_F(BadInputCache, SequenceCreateAndFork) {
@@ -1112,9 +1126,11 @@ TEST_F(BadInputCache, SequenceTruncateFreeLength) {
 
   int32_t len = -777;
   EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_seq_length(nullptr, a_, &len));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("length"), kvp_seq_length(cache_, a_, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("length"),
+                         kvp_seq_length(cache_, a_, nullptr));
   for (int64_t bad : UnknownIds(stale_)) {
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg(S(bad)), kvp_seq_length(cache_, bad, &len));
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg(S(bad)),
+                           kvp_seq_length(cache_, bad, &len));
   }
   EXPECT_EQ(len, -777);
 
@@ -1132,7 +1148,8 @@ TEST_F(BadInputCache, SequenceTruncateFreeLength) {
   EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg(S(gone)), kvp_seq_free(cache_, gone));
   EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg(S(gone)),
                          kvp_seq_append(cache_, gone, 1, nullptr, nullptr));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg(S(gone)), kvp_seq_length(cache_, gone, &len));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg(S(gone)),
+                         kvp_seq_length(cache_, gone, &len));
 }
 
 TEST_F(BadInputCache, ExportBlockTable) {
@@ -1143,35 +1160,42 @@ TEST_F(BadInputCache, ExportBlockTable) {
     EXPECT_EQ(table, table0);
     EXPECT_EQ(lens, lens0);
   };
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
-                         kvp_cache_export_block_table(nullptr, ids, 2, 4, 4, table.data(), lens.data()));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("seq_ids"),
-                         kvp_cache_export_block_table(cache_, nullptr, 2, 4, 4, table.data(), lens.data()));
+  EXPECT_FAILS_UNCHANGED(
+      KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+      kvp_cache_export_block_table(nullptr, ids, 2, 4, 4, table.data(), lens.data()));
+  EXPECT_FAILS_UNCHANGED(
+      KVP_ERR_INVALID_ARGUMENT, Msg("seq_ids"),
+      kvp_cache_export_block_table(cache_, nullptr, 2, 4, 4, table.data(), lens.data()));
   EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("table"),
                          kvp_cache_export_block_table(cache_, ids, 2, 4, 4, nullptr, lens.data()));
   for (int32_t n : {-1, kI32Min}) {
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("num_seqs", S(n)),
-                           kvp_cache_export_block_table(cache_, ids, n, 4, 4, table.data(), lens.data()));
+    EXPECT_FAILS_UNCHANGED(
+        KVP_ERR_INVALID_ARGUMENT, Msg("num_seqs", S(n)),
+        kvp_cache_export_block_table(cache_, ids, n, 4, 4, table.data(), lens.data()));
   }
   for (int32_t m : {0, -1}) {
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("max_blocks_per_seq", S(m)),
-                           kvp_cache_export_block_table(cache_, ids, 2, m, 4, table.data(), lens.data()));
+    EXPECT_FAILS_UNCHANGED(
+        KVP_ERR_INVALID_ARGUMENT, Msg("max_blocks_per_seq", S(m)),
+        kvp_cache_export_block_table(cache_, ids, 2, m, 4, table.data(), lens.data()));
   }
   for (int64_t stride : {int64_t{3}, int64_t{0}, int64_t{-4}}) {
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("row_stride", S(stride)),
-                           kvp_cache_export_block_table(cache_, ids, 2, 4, stride, table.data(), lens.data()));
+    EXPECT_FAILS_UNCHANGED(
+        KVP_ERR_INVALID_ARGUMENT, Msg("row_stride", S(stride)),
+        kvp_cache_export_block_table(cache_, ids, 2, 4, stride, table.data(), lens.data()));
   }
   // An unknown id anywhere in the batch: nothing written, not even the rows before it.
   for (int64_t bad : UnknownIds(stale_)) {
     ids[2] = bad;
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg(S(bad)),
-                           kvp_cache_export_block_table(cache_, ids, 3, 4, 4, table.data(), lens.data()));
+    EXPECT_FAILS_UNCHANGED(
+        KVP_ERR_INVALID_ARGUMENT, Msg(S(bad)),
+        kvp_cache_export_block_table(cache_, ids, 3, 4, 4, table.data(), lens.data()));
   }
   // a has 2 blocks; a table one block wide cannot hold it (b fits, and comes first).
   ids[0] = b_;
   ids[1] = a_;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("max_blocks_per_seq", S(a_)),
-                         kvp_cache_export_block_table(cache_, ids, 2, 1, 4, table.data(), lens.data()));
+  EXPECT_FAILS_UNCHANGED(
+      KVP_ERR_INVALID_ARGUMENT, Msg("max_blocks_per_seq", S(a_)),
+      kvp_cache_export_block_table(cache_, ids, 2, 1, 4, table.data(), lens.data()));
   untouched();
 }
 
@@ -1192,8 +1216,10 @@ TEST_F(BadInputCache, Write) {
     return w;
   };
   kvp_write_args w = args();
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_cache_write(nullptr, &w, nullptr));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("args"), kvp_cache_write(cache_, nullptr, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_write(nullptr, &w, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("args"),
+                         kvp_cache_write(cache_, nullptr, nullptr));
 
   struct Case {
     const char* what;
@@ -1203,7 +1229,8 @@ TEST_F(BadInputCache, Write) {
   const std::vector<Case> cases = {
       {"struct_size 0", [](kvp_write_args* a) { a->struct_size = 0; }, Msg("struct_size", "0")},
       {"struct_size 8", [](kvp_write_args* a) { a->struct_size = 8; }, Msg("struct_size", "8")},
-      {"struct_size sizeof-8", [](kvp_write_args* a) { a->struct_size = sizeof(kvp_write_args) - 8; },
+      {"struct_size sizeof-8",
+       [](kvp_write_args* a) { a->struct_size = sizeof(kvp_write_args) - 8; },
        Msg("struct_size", S(sizeof(kvp_write_args) - 8))},
       {"reserved0", [](kvp_write_args* a) { a->reserved0 = 1; }, Msg("reserved0", "1")},
       {"layer -1", [](kvp_write_args* a) { a->layer = -1; }, Msg("layer", "-1")},
@@ -1227,13 +1254,15 @@ TEST_F(BadInputCache, Write) {
        Msg("value_token_stride", S(-kDense))},
       {"key NULL", [](kvp_write_args* a) { a->key = nullptr; }, Msg("key")},
       {"value NULL", [](kvp_write_args* a) { a->value = nullptr; }, Msg("value")},
-      {"slot_mapping NULL", [](kvp_write_args* a) { a->slot_mapping = nullptr; }, Msg("slot_mapping")},
+      {"slot_mapping NULL", [](kvp_write_args* a) { a->slot_mapping = nullptr; },
+       Msg("slot_mapping")},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     w = args();
     c.mutate(&w);
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles, kvp_cache_write(cache_, &w, nullptr));
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles,
+                           kvp_cache_write(cache_, &w, nullptr));
   }
   // Slots out of range, placed last so that a write that does not check
   // everything first would already have changed the valid tokens before it.
@@ -1262,8 +1291,10 @@ TEST_F(BadInputCache, CopyBlocks) {
   // pairs first, then the bad one: a partial copy would show in the bytes.
   auto with = [](int32_t src, int32_t dst) { return std::vector<int32_t>{0, 5, 1, 6, src, dst}; };
   std::vector<int32_t> p = with(2, 7);
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_cache_copy_blocks(nullptr, p.data(), 3, nullptr));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("pairs"), kvp_cache_copy_blocks(cache_, nullptr, 3, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_copy_blocks(nullptr, p.data(), 3, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("pairs"),
+                         kvp_cache_copy_blocks(cache_, nullptr, 3, nullptr));
   for (int32_t n : {-1, kI32Min}) {
     EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("num_pairs", S(n)),
                            kvp_cache_copy_blocks(cache_, p.data(), n, nullptr));
@@ -1272,13 +1303,16 @@ TEST_F(BadInputCache, CopyBlocks) {
     int32_t src, dst;
     Needles needles;
   } kBad[] = {
-      {2, -1, Msg("pairs", "-1")},           {2, kBlocks, Msg("pairs", S(kBlocks))},
-      {2, kI32Min, Msg("pairs", S(kI32Min))}, {-1, 7, Msg("pairs", "-1")},
-      {kBlocks, 7, Msg("pairs", S(kBlocks))}, {kI32Max, 7, Msg("pairs", S(kI32Max))},
-      {2, 5, Msg("pairs", "5")},   // 5 is already a destination
-      {5, 7, Msg("pairs", "5")},   // 5 is a destination and now a source
-      {7, 7, Msg("pairs", "7")},   // a block copied onto itself
-      {2, 0, Msg("pairs", "0")},   // 0 is a source and now a destination
+      {2, -1, Msg("pairs", "-1")},
+      {2, kBlocks, Msg("pairs", S(kBlocks))},
+      {2, kI32Min, Msg("pairs", S(kI32Min))},
+      {-1, 7, Msg("pairs", "-1")},
+      {kBlocks, 7, Msg("pairs", S(kBlocks))},
+      {kI32Max, 7, Msg("pairs", S(kI32Max))},
+      {2, 5, Msg("pairs", "5")},  // 5 is already a destination
+      {5, 7, Msg("pairs", "5")},  // 5 is a destination and now a source
+      {7, 7, Msg("pairs", "7")},  // a block copied onto itself
+      {2, 0, Msg("pairs", "0")},  // 0 is a source and now a destination
   };
   for (const auto& bad : kBad) {
     p = with(bad.src, bad.dst);
@@ -1338,11 +1372,9 @@ TEST_F(BadInputCache, TransferBlocks) {
     int32_t src, dst;
     Needles needles;
   } kBad[] = {
-      {2, 4, Msg("pairs", "4")},               // peer has 4 blocks
-      {2, -1, Msg("pairs", "-1")},
-      {kBlocks, 3, Msg("pairs", S(kBlocks))},  // main has 8 blocks
-      {-1, 3, Msg("pairs", "-1")},
-      {2, 1, Msg("pairs", "1")},               // 1 is already a destination
+      {2, 4, Msg("pairs", "4")},                                            // peer has 4 blocks
+      {2, -1, Msg("pairs", "-1")}, {kBlocks, 3, Msg("pairs", S(kBlocks))},  // main has 8 blocks
+      {-1, 3, Msg("pairs", "-1")}, {2, 1, Msg("pairs", "1")},  // 1 is already a destination
   };
   for (const auto& bad : kBad) {
     const std::vector<int32_t> p = {0, 0, 1, 1, bad.src, bad.dst};
@@ -1376,7 +1408,8 @@ std::vector<DecodeConfigCase> DecodeConfigCases(int32_t max_context) {
   return {
       {"struct_size 0", [](kvp_decode_config* c) { c->struct_size = 0; }, Msg("struct_size", "0")},
       {"struct_size 8", [](kvp_decode_config* c) { c->struct_size = 8; }, Msg("struct_size", "8")},
-      {"struct_size sizeof-8", [](kvp_decode_config* c) { c->struct_size = sizeof(kvp_decode_config) - 8; },
+      {"struct_size sizeof-8",
+       [](kvp_decode_config* c) { c->struct_size = sizeof(kvp_decode_config) - 8; },
        Msg("struct_size", S(sizeof(kvp_decode_config) - 8))},
       {"num_query_heads 0", [](kvp_decode_config* c) { c->num_query_heads = 0; },
        Msg("num_query_heads", "0")},
@@ -1386,21 +1419,27 @@ std::vector<DecodeConfigCase> DecodeConfigCases(int32_t max_context) {
        Msg("num_query_heads", "3")},
       {"num_query_heads 5 (kv heads 2)", [](kvp_decode_config* c) { c->num_query_heads = 5; },
        Msg("num_query_heads", "5")},
-      {"max_num_seqs 0", [](kvp_decode_config* c) { c->max_num_seqs = 0; }, Msg("max_num_seqs", "0")},
-      {"max_num_seqs -1", [](kvp_decode_config* c) { c->max_num_seqs = -1; }, Msg("max_num_seqs", "-1")},
+      {"max_num_seqs 0", [](kvp_decode_config* c) { c->max_num_seqs = 0; },
+       Msg("max_num_seqs", "0")},
+      {"max_num_seqs -1", [](kvp_decode_config* c) { c->max_num_seqs = -1; },
+       Msg("max_num_seqs", "-1")},
       {"max_context_len 0", [](kvp_decode_config* c) { c->max_context_len = 0; },
        Msg("max_context_len", "0")},
       {"max_context_len -5", [](kvp_decode_config* c) { c->max_context_len = -5; },
        Msg("max_context_len", "-5")},
-      {"max_query_len 0", [](kvp_decode_config* c) { c->max_query_len = 0; }, Msg("max_query_len", "0")},
+      {"max_query_len 0", [](kvp_decode_config* c) { c->max_query_len = 0; },
+       Msg("max_query_len", "0")},
       {"max_query_len > max_context_len",
        [max_context](kvp_decode_config* c) { c->max_query_len = max_context + 1; },
        Msg("max_query_len", S(max_context + 1))},
       {"q_dtype 99", [](kvp_decode_config* c) { c->q_dtype = 99; }, Msg("q_dtype", "99")},
-      {"q_dtype INT8", [](kvp_decode_config* c) { c->q_dtype = KVP_DTYPE_INT8; }, Msg("q_dtype", "4")},
-      {"q_dtype FP8", [](kvp_decode_config* c) { c->q_dtype = KVP_DTYPE_FP8_E4M3; }, Msg("q_dtype", "3")},
+      {"q_dtype INT8", [](kvp_decode_config* c) { c->q_dtype = KVP_DTYPE_INT8; },
+       Msg("q_dtype", "4")},
+      {"q_dtype FP8", [](kvp_decode_config* c) { c->q_dtype = KVP_DTYPE_FP8_E4M3; },
+       Msg("q_dtype", "3")},
       {"out_dtype 99", [](kvp_decode_config* c) { c->out_dtype = 99; }, Msg("out_dtype", "99")},
-      {"out_dtype INT4", [](kvp_decode_config* c) { c->out_dtype = KVP_DTYPE_INT4; }, Msg("out_dtype", "5")},
+      {"out_dtype INT4", [](kvp_decode_config* c) { c->out_dtype = KVP_DTYPE_INT4; },
+       Msg("out_dtype", "5")},
       {"out_dtype -1", [](kvp_decode_config* c) { c->out_dtype = -1; }, Msg("out_dtype", "-1")},
   };
 }
@@ -1408,14 +1447,18 @@ std::vector<DecodeConfigCase> DecodeConfigCases(int32_t max_context) {
 TEST_F(BadInputCache, DecodeWorkspaceSize) {
   kvp_decode_config dc = DecodeConfig();
   uint64_t bytes = 0xDEADBEEFull;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_decode_workspace_size(nullptr, &dc, &bytes));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("config"), kvp_decode_workspace_size(cache_, nullptr, &bytes));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("bytes"), kvp_decode_workspace_size(cache_, &dc, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_decode_workspace_size(nullptr, &dc, &bytes));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("config"),
+                         kvp_decode_workspace_size(cache_, nullptr, &bytes));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("bytes"),
+                         kvp_decode_workspace_size(cache_, &dc, nullptr));
   for (const DecodeConfigCase& c : DecodeConfigCases(kMaxContext)) {
     SCOPED_TRACE(c.what);
     dc = DecodeConfig();
     c.mutate(&dc);
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles, kvp_decode_workspace_size(cache_, &dc, &bytes));
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles,
+                           kvp_decode_workspace_size(cache_, &dc, &bytes));
   }
   EXPECT_EQ(bytes, 0xDEADBEEFull);
 }
@@ -1423,28 +1466,35 @@ TEST_F(BadInputCache, DecodeWorkspaceSize) {
 TEST_F(BadInputCache, DecoderCreate) {
   kvp_decode_config dc = DecodeConfig();
   kvp_decoder* out = reinterpret_cast<kvp_decoder*>(0x1);
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"), kvp_decoder_create(nullptr, &dc, &out));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("config"), kvp_decoder_create(cache_, nullptr, &out));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("decoder"), kvp_decoder_create(cache_, &dc, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_decoder_create(nullptr, &dc, &out));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("config"),
+                         kvp_decoder_create(cache_, nullptr, &out));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("decoder"),
+                         kvp_decoder_create(cache_, &dc, nullptr));
   for (const DecodeConfigCase& c : DecodeConfigCases(kMaxContext)) {
     SCOPED_TRACE(c.what);
     dc = DecodeConfig();
     c.mutate(&dc);
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles, kvp_decoder_create(cache_, &dc, &out));
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles,
+                           kvp_decoder_create(cache_, &dc, &out));
   }
   // A caller workspace that is not 256-byte aligned.
   alignas(256) static unsigned char workspace[4096];
   dc = DecodeConfig();
   dc.workspace = workspace + 8;
   dc.workspace_bytes = sizeof(workspace) - 8;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("workspace"), kvp_decoder_create(cache_, &dc, &out));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("workspace"),
+                         kvp_decoder_create(cache_, &dc, &out));
   EXPECT_EQ(out, reinterpret_cast<kvp_decoder*>(0x1));
 }
 
 TEST_F(BadInputCache, Decode) {
   kvp_decode_args a = Args();
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("decoder"), kvp_decode(nullptr, &a, nullptr));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("args"), kvp_decode(decoder_, nullptr, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("decoder"),
+                         kvp_decode(nullptr, &a, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("args"),
+                         kvp_decode(decoder_, nullptr, nullptr));
 
   struct Case {
     const char* what;
@@ -1454,11 +1504,13 @@ TEST_F(BadInputCache, Decode) {
   const std::vector<Case> cases = {
       {"struct_size 0", [](kvp_decode_args* d) { d->struct_size = 0; }, Msg("struct_size", "0")},
       {"struct_size 8", [](kvp_decode_args* d) { d->struct_size = 8; }, Msg("struct_size", "8")},
-      {"struct_size sizeof-8", [](kvp_decode_args* d) { d->struct_size = sizeof(kvp_decode_args) - 8; },
+      {"struct_size sizeof-8",
+       [](kvp_decode_args* d) { d->struct_size = sizeof(kvp_decode_args) - 8; },
        Msg("struct_size", S(sizeof(kvp_decode_args) - 8))},
       {"reserved0", [](kvp_decode_args* d) { d->reserved0 = 3; }, Msg("reserved0", "3")},
       {"layer -1", [](kvp_decode_args* d) { d->layer = -1; }, Msg("layer", "-1")},
-      {"layer num_layers", [](kvp_decode_args* d) { d->layer = kLayers; }, Msg("layer", S(kLayers))},
+      {"layer num_layers", [](kvp_decode_args* d) { d->layer = kLayers; },
+       Msg("layer", S(kLayers))},
       {"num_seqs -1", [](kvp_decode_args* d) { d->num_seqs = -1; }, Msg("num_seqs", "-1")},
       {"num_seqs > max_num_seqs", [](kvp_decode_args* d) { d->num_seqs = kMaxSeqs + 1; },
        Msg("num_seqs", S(kMaxSeqs + 1))},
@@ -1481,7 +1533,8 @@ TEST_F(BadInputCache, Decode) {
        Msg("logits_soft_cap", "-inf")},
       {"q stride < dense", [](kvp_decode_args* d) { d->q_token_stride = kQDense - 1; },
        Msg("q_token_stride", S(kQDense - 1))},
-      {"q stride -1", [](kvp_decode_args* d) { d->q_token_stride = -1; }, Msg("q_token_stride", "-1")},
+      {"q stride -1", [](kvp_decode_args* d) { d->q_token_stride = -1; },
+       Msg("q_token_stride", "-1")},
       {"out stride < dense", [](kvp_decode_args* d) { d->out_token_stride = kQDense - 1; },
        Msg("out_token_stride", S(kQDense - 1))},
       {"out stride -1", [](kvp_decode_args* d) { d->out_token_stride = -1; },
@@ -1495,7 +1548,8 @@ TEST_F(BadInputCache, Decode) {
       {"block_table_stride -1", [](kvp_decode_args* d) { d->block_table_stride = -1; },
        Msg("block_table_stride", "-1")},
       {"q NULL", [](kvp_decode_args* d) { d->q = nullptr; }, Msg("q")},
-      {"block_table NULL", [](kvp_decode_args* d) { d->block_table = nullptr; }, Msg("block_table")},
+      {"block_table NULL", [](kvp_decode_args* d) { d->block_table = nullptr; },
+       Msg("block_table")},
       {"seq_lens NULL", [](kvp_decode_args* d) { d->seq_lens = nullptr; }, Msg("seq_lens")},
       {"out NULL", [](kvp_decode_args* d) { d->out = nullptr; }, Msg("out")},
   };
@@ -1538,9 +1592,9 @@ TEST_F(BadInputCache, Decode) {
     int32_t index;  // into table_
     int32_t id;
   } kBadIds[] = {
-      {1, -1},                 // a's second block
-      {0, kBlocks},            // a's first block
-      {kWidth, kI32Min},       // b's only block
+      {1, -1},            // a's second block
+      {0, kBlocks},       // a's first block
+      {kWidth, kI32Min},  // b's only block
       {kWidth, kBlocks + 100},
       {1, kI32Max},
   };
@@ -1561,7 +1615,6 @@ TEST_F(BadInputCache, Decode) {
     EXPECT_TRUE(std::isfinite(out_[i])) << i;
   }
 }
-
 
 // ---- The rest of the matrix: extreme values of every integer parameter, ----
 // ---- struct sizes just below the first released ones, strides whose     ----
@@ -1646,17 +1699,20 @@ TEST_F(BadInputCache, StructSizesJustBelowTheFirstRelease) {
   kvp_cache_info info;
   kvp_cache_info_init(&info);
   info.struct_size = kFirstCacheInfo - 8;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("info", "struct_size", S(kFirstCacheInfo - 8)),
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT,
+                         Msg("info", "struct_size", S(kFirstCacheInfo - 8)),
                          kvp_cache_get_info(cache_, &info));
   kvp_write_stats st;
   kvp_write_stats_init(&st);
   st.struct_size = kFirstWriteStats - 8;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("stats", "struct_size", S(kFirstWriteStats - 8)),
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT,
+                         Msg("stats", "struct_size", S(kFirstWriteStats - 8)),
                          kvp_cache_get_write_stats(cache_, &st));
   kvp_layer_layout lay;
   kvp_layer_layout_init(&lay);
   lay.struct_size = kFirstLayout - 8;
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("layout", "struct_size", S(kFirstLayout - 8)),
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT,
+                         Msg("layout", "struct_size", S(kFirstLayout - 8)),
                          kvp_cache_get_layout(cache_, 0, &lay));
   for (int32_t layer : {kI32Max, -2}) {
     kvp_layer_layout_init(&lay);
@@ -1696,12 +1752,12 @@ TEST_F(BadInputCache, SequenceAndTableExtremes) {
                          kvp_seq_append(cache_, b_, kI32Max - 6, nullptr, nullptr));
   std::vector<int32_t> table(2 * 4, -555), lens(2, -555);
   const int64_t ids[2] = {a_, b_};
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("max_blocks_per_seq", S(kI32Min)),
-                         kvp_cache_export_block_table(cache_, ids, 2, kI32Min, 4, table.data(),
-                                                      lens.data()));
-  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("row_stride", S(kI64Min)),
-                         kvp_cache_export_block_table(cache_, ids, 2, 4, kI64Min, table.data(),
-                                                      lens.data()));
+  EXPECT_FAILS_UNCHANGED(
+      KVP_ERR_INVALID_ARGUMENT, Msg("max_blocks_per_seq", S(kI32Min)),
+      kvp_cache_export_block_table(cache_, ids, 2, kI32Min, 4, table.data(), lens.data()));
+  EXPECT_FAILS_UNCHANGED(
+      KVP_ERR_INVALID_ARGUMENT, Msg("row_stride", S(kI64Min)),
+      kvp_cache_export_block_table(cache_, ids, 2, 4, kI64Min, table.data(), lens.data()));
   EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("num_pairs", S(kI32Min)),
                          kvp_cache_transfer_blocks(cache_, cache_, nullptr, kI32Min, nullptr));
   EXPECT_EQ(table, std::vector<int32_t>(8, -555));
@@ -1747,14 +1803,16 @@ TEST_F(BadInputCache, WriteExtremesAndOverflowingStrides) {
        Msg("key_token_stride", S(kI64Max))},
       {"key_token_stride 2^62", [](kvp_write_args* a) { a->key_token_stride = int64_t{1} << 62; },
        Msg("key_token_stride", S(int64_t{1} << 62))},
-      {"value_token_stride 2^56", [](kvp_write_args* a) { a->value_token_stride = int64_t{1} << 56; },
+      {"value_token_stride 2^56",
+       [](kvp_write_args* a) { a->value_token_stride = int64_t{1} << 56; },
        Msg("value_token_stride", S(int64_t{1} << 56))},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     kvp_write_args w = args();
     c.mutate(&w);
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles, kvp_cache_write(cache_, &w, nullptr));
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles,
+                           kvp_cache_write(cache_, &w, nullptr));
   }
   kvp_write_args w = args();
   ASSERT_KVP_OK(kvp_cache_write(cache_, &w, nullptr));  // the baseline is valid
@@ -1774,7 +1832,8 @@ TEST_F(BadInputCache, DecodeConfigExtremesAndOverflowingCapacities) {
        Msg("max_query_len", S(kI32Min))},
       {"max_query_len INT32_MAX", [](kvp_decode_config* c) { c->max_query_len = kI32Max; },
        Msg("max_query_len", S(kI32Max))},
-      {"q_dtype INT32_MIN", [](kvp_decode_config* c) { c->q_dtype = kI32Min; }, Msg("q_dtype", S(kI32Min))},
+      {"q_dtype INT32_MIN", [](kvp_decode_config* c) { c->q_dtype = kI32Min; },
+       Msg("q_dtype", S(kI32Min))},
       {"out_dtype INT32_MAX", [](kvp_decode_config* c) { c->out_dtype = kI32Max; },
        Msg("out_dtype", S(kI32Max))},
       // Each capacity valid alone; together a workspace past 2^56 bytes.
@@ -1801,7 +1860,8 @@ TEST_F(BadInputCache, DecodeConfigExtremesAndOverflowingCapacities) {
                            kvp_decode_workspace_size(cache_, &dc, &bytes));
     EXPECT_EQ(bytes, 0xDEADBEEFull);
     kvp_decoder* out = reinterpret_cast<kvp_decoder*>(0x1);
-    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles, kvp_decoder_create(cache_, &dc, &out));
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles,
+                           kvp_decoder_create(cache_, &dc, &out));
     EXPECT_EQ(out, reinterpret_cast<kvp_decoder*>(0x1));
   }
 }
@@ -1826,7 +1886,8 @@ TEST_F(BadInputCache, DecodeExtremesAndOverflowingStrides) {
       {"sliding_window INT32_MIN", [](kvp_decode_args* d) { d->sliding_window = kI32Min; },
        Msg("sliding_window", S(kI32Min))},
       {"sm_scale -Inf", [](kvp_decode_args* d) { d->sm_scale = -kInf; }, Msg("sm_scale", "-inf")},
-      {"sm_scale -FLT_MAX", [](kvp_decode_args* d) { d->sm_scale = -std::numeric_limits<float>::max(); },
+      {"sm_scale -FLT_MAX",
+       [](kvp_decode_args* d) { d->sm_scale = -std::numeric_limits<float>::max(); },
        Msg("sm_scale")},
       {"logits_soft_cap -FLT_MIN", [](kvp_decode_args* d) { d->logits_soft_cap = -1e-30f; },
        Msg("logits_soft_cap", "-1e-30")},
@@ -1849,7 +1910,8 @@ TEST_F(BadInputCache, DecodeExtremesAndOverflowingStrides) {
        Msg("out_token_stride", S(kI64Max))},
       {"block_table_stride INT64_MAX", [](kvp_decode_args* d) { d->block_table_stride = kI64Max; },
        Msg("block_table_stride", S(kI64Max))},
-      {"block_table_stride 2^60", [](kvp_decode_args* d) { d->block_table_stride = int64_t{1} << 60; },
+      {"block_table_stride 2^60",
+       [](kvp_decode_args* d) { d->block_table_stride = int64_t{1} << 60; },
        Msg("block_table_stride", S(int64_t{1} << 60))},
   };
   for (const Case& c : cases) {

@@ -64,8 +64,8 @@ class SmallCache {
 
   // Decodes every sequence (one query token each) with FP32 q/out.
   std::string Decode(int layer, int hq, const std::vector<float>& q,
-                     const std::vector<int32_t>& table, int width,
-                     const std::vector<int32_t>& lens, std::vector<float>* out) {
+                     const std::vector<int32_t>& table, int width, const std::vector<int32_t>& lens,
+                     std::vector<float>* out) {
     kvp_decode_config dc;
     kvp_decode_config_init(&dc);
     dc.num_query_heads = hq;
@@ -102,8 +102,9 @@ class SmallCache {
       kvp_layer_layout_init(&lay);
       TakeError(kvp_cache_get_layout(cache_, l, &lay));
       auto append = [&](const void* p, int64_t n) {
-        if (p) bytes.insert(bytes.end(), static_cast<const uint8_t*>(p),
-                            static_cast<const uint8_t*>(p) + n);
+        if (p)
+          bytes.insert(bytes.end(), static_cast<const uint8_t*>(p),
+                       static_cast<const uint8_t*>(p) + n);
       };
       append(lay.k_data, lay.k_data_bytes);
       append(lay.v_data, lay.v_data_bytes);
@@ -223,7 +224,8 @@ TEST(Sequences, ForkCopyOnWriteKeepsTheParentIntact) {
 
     // The parent's view before the child writes.
     std::vector<int32_t> table(2), lens(1);
-    ASSERT_OK(kvp_cache_export_block_table(cache.get(), &parent, 1, 2, 2, table.data(), lens.data()));
+    ASSERT_OK(
+        kvp_cache_export_block_table(cache.get(), &parent, 1, 2, 2, table.data(), lens.data()));
     std::vector<float> q = rng.normals(4 * 64), parent_before;
     ASSERT_EQ(cache.Decode(1, 4, q, table, 2, lens, &parent_before), "");
 
@@ -247,7 +249,8 @@ TEST(Sequences, ForkCopyOnWriteKeepsTheParentIntact) {
     // The child's first 13 tokens equal the parent's (copied with scales):
     // decoding the child's first 13 tokens matches the parent.
     std::vector<int32_t> ctable(2), clens(1);
-    ASSERT_OK(kvp_cache_export_block_table(cache.get(), &child, 1, 2, 2, ctable.data(), clens.data()));
+    ASSERT_OK(
+        kvp_cache_export_block_table(cache.get(), &child, 1, 2, 2, ctable.data(), clens.data()));
     EXPECT_EQ(clens[0], 15);
     EXPECT_EQ(ctable[0], table[0]);  // the full block stays shared
     std::vector<int32_t> clens13 = {13};
@@ -313,8 +316,14 @@ TEST(Sequences, ConcurrentUseOfOneCache) {
           }
         } else if (op == 1) {
           int64_t child = 0;
-          kvp_error* e = kvp_seq_fork(cache.get(), mine[rng.uniform(0, int(mine.size()) - 1)], &child);
-          if (e == nullptr) mine.push_back(child); else { kvp_error_free(e); ++failures; }
+          kvp_error* e =
+              kvp_seq_fork(cache.get(), mine[rng.uniform(0, int(mine.size()) - 1)], &child);
+          if (e == nullptr)
+            mine.push_back(child);
+          else {
+            kvp_error_free(e);
+            ++failures;
+          }
         } else if (op == 2) {
           std::vector<int64_t> slots(40);
           kvp_error* e = kvp_seq_append(cache.get(), mine[rng.uniform(0, int(mine.size()) - 1)],
@@ -333,12 +342,18 @@ TEST(Sequences, ConcurrentUseOfOneCache) {
           }
         } else {
           const size_t i = rng.uniform(0, int(mine.size()) - 1);
-          if (kvp_error* e = kvp_seq_free(cache.get(), mine[i])) { kvp_error_free(e); ++failures; }
+          if (kvp_error* e = kvp_seq_free(cache.get(), mine[i])) {
+            kvp_error_free(e);
+            ++failures;
+          }
           mine.erase(mine.begin() + i);
         }
       }
       for (int64_t id : mine) {
-        if (kvp_error* e = kvp_seq_free(cache.get(), id)) { kvp_error_free(e); ++failures; }
+        if (kvp_error* e = kvp_seq_free(cache.get(), id)) {
+          kvp_error_free(e);
+          ++failures;
+        }
       }
     });
   }
@@ -355,9 +370,14 @@ TEST(Sequences, ConcurrentUseOfOneCache) {
 TEST(Accuracy, EndToEndErrorAgainstUnquantizedAttention) {
   Rng rng;
   SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
-  struct Bound { int dtype; double rel_l2; };
-  const Bound bounds[] = {{KVP_DTYPE_FP16, 2e-3}, {KVP_DTYPE_BF16, 1e-2},
-                          {KVP_DTYPE_FP8_E4M3, 8e-2}, {KVP_DTYPE_INT8, 2e-2},
+  struct Bound {
+    int dtype;
+    double rel_l2;
+  };
+  const Bound bounds[] = {{KVP_DTYPE_FP16, 2e-3},
+                          {KVP_DTYPE_BF16, 1e-2},
+                          {KVP_DTYPE_FP8_E4M3, 8e-2},
+                          {KVP_DTYPE_INT8, 2e-2},
                           {KVP_DTYPE_INT4, 0.3}};
   for (const Bound& bound : bounds) {
     SCOPED_TRACE(DtypeName(bound.dtype));

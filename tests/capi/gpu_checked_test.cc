@@ -243,8 +243,9 @@ TEST_P(GpuChecked, BadSlotIsReportedAndNothingElseWritten) {
   kvp_error* err = Write(d_slots_);
   ASSERT_NE(err, nullptr);
   const std::string msg = kvp_error_message(err);
-  const bool named = msg.find("slot_mapping[5] = " + std::to_string(slots[5])) != std::string::npos ||
-                     msg.find("slot_mapping[9] = -7") != std::string::npos;
+  const bool named =
+      msg.find("slot_mapping[5] = " + std::to_string(slots[5])) != std::string::npos ||
+      msg.find("slot_mapping[9] = -7") != std::string::npos;
   EXPECT_TRUE(named) << msg;
   ExpectFault(err, {"checked mode"});
   ASSERT_OK(Write(d_slots_));

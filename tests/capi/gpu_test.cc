@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "include/kvpage/kvpage.h"
+#include "src/manifest.h"
 #include "tests/common/reference.h"
 
 #if KVPAGE_HAVE_CUDA
@@ -180,11 +181,15 @@ class Twins {
       kvp_layer_layout_init(&b);
       ASSERT_OK(kvp_cache_get_layout(cpu_, l, &a));
       ASSERT_OK(kvp_cache_get_layout(gpu_, l, &b));
-      const struct { const char* name; const void* h; const void* d; int64_t n; } regions[] = {
-          {"K data", a.k_data, b.k_data, a.k_data_bytes},
-          {"V data", a.v_data, b.v_data, a.v_data_bytes},
-          {"K scales", a.k_scales, b.k_scales, a.k_scale_bytes},
-          {"V scales", a.v_scales, b.v_scales, a.v_scale_bytes}};
+      const struct {
+        const char* name;
+        const void* h;
+        const void* d;
+        int64_t n;
+      } regions[] = {{"K data", a.k_data, b.k_data, a.k_data_bytes},
+                     {"V data", a.v_data, b.v_data, a.v_data_bytes},
+                     {"K scales", a.k_scales, b.k_scales, a.k_scale_bytes},
+                     {"V scales", a.v_scales, b.v_scales, a.v_scale_bytes}};
       for (const auto& r : regions) {
         if (r.n == 0) continue;
         std::vector<uint8_t> d(r.n);
@@ -193,8 +198,8 @@ class Twins {
         const auto mismatch = std::mismatch(d.begin(), d.end(), h);
         ASSERT_TRUE(mismatch.first == d.end())
             << "layer " << l << " " << r.name << ": first difference at byte "
-            << (mismatch.first - d.begin()) << " of " << r.n << ": gpu "
-            << int(*mismatch.first) << ", cpu " << int(*mismatch.second);
+            << (mismatch.first - d.begin()) << " of " << r.n << ": gpu " << int(*mismatch.first)
+            << ", cpu " << int(*mismatch.second);
       }
     }
     kvp_write_stats sa, sb;
@@ -214,14 +219,19 @@ class Twins {
   std::string error_;
 };
 
-constexpr int kKvDtypes[] = {KVP_DTYPE_FP16, KVP_DTYPE_BF16, KVP_DTYPE_FP8_E4M3, KVP_DTYPE_INT8,
-                             KVP_DTYPE_INT4};
-constexpr int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
+// The kernel manifest's KV dtypes and head sizes (src/manifest.h): a
+// reduced build tests what it holds.
+#define KVPAGE_KV_DTYPE_ENTRY(T) static_cast<int>(kvpage::DType::T),
+constexpr int kKvDtypes[] = {KVPAGE_MANIFEST_KV_DTYPES(KVPAGE_KV_DTYPE_ENTRY)};
+#undef KVPAGE_KV_DTYPE_ENTRY
+constexpr int kNumKvDtypes = sizeof(kKvDtypes) / sizeof(kKvDtypes[0]);
+constexpr auto& kHeadSizes = kvpage::kManifestHeadSizes;
+constexpr int kNumHeadSizes = sizeof(kHeadSizes) / sizeof(kHeadSizes[0]);
 constexpr int kBlockSizes[] = {8, 16, 32};
 constexpr int kIoDtypes[] = {KVP_DTYPE_FP32, KVP_DTYPE_FP16, KVP_DTYPE_BF16};
 
 double UlpRel(int dtype) {
-  return dtype == KVP_DTYPE_BF16 ? std::ldexp(1.0, -7)
+  return dtype == KVP_DTYPE_BF16   ? std::ldexp(1.0, -7)
          : dtype == KVP_DTYPE_FP16 ? std::ldexp(1.0, -10)
                                    : 1e-5;
 }
@@ -281,7 +291,8 @@ void CompareDecode(const Twins& twins, int layer, const Batch& b, int max_num_se
   DeviceBuffer<uint8_t> dq(b.q), dout(std::vector<uint8_t>(cpu_out.size(), 0xFF));
   DeviceBuffer<int32_t> dtable(b.table), dlens(b.lens);
   DeviceBuffer<float> dalibi(b.alibi.empty() ? std::vector<float>{0} : b.alibi);
-  DeviceBuffer<float> dlse(std::vector<float>(cpu_lse.size(), std::numeric_limits<float>::quiet_NaN()));
+  DeviceBuffer<float> dlse(
+      std::vector<float>(cpu_lse.size(), std::numeric_limits<float>::quiet_NaN()));
   a.q = dq.get();
   a.block_table = dtable.get();
   a.seq_lens = dlens.get();
@@ -303,8 +314,8 @@ void CompareDecode(const Twins& twins, int layer, const Batch& b, int max_num_se
       const double want = LoadElement(b.out_dtype, cpu_out.data(), r * D + d);
       const double got = LoadElement(b.out_dtype, gpu_out.data(), r * D + d);
       if (!(std::abs(got - want) <= 2 * UlpRel(b.out_dtype) * std::abs(want) + 1e-3 * row_max)) {
-        ADD_FAILURE() << "row " << r / b.hq << " head " << r % b.hq << " d " << d << ": gpu "
-                      << got << ", cpu " << want;
+        ADD_FAILURE() << "row " << r / b.hq << " head " << r % b.hq << " d " << d << ": gpu " << got
+                      << ", cpu " << want;
         if (++bad >= 5) break;
       }
     }
@@ -341,7 +352,8 @@ Layout RandomLayout(Rng& rng, const std::vector<int>& lens, int block_size, int 
       l.table[s * l.width + j] = perm[next++];
     }
     for (int t = 0; t < lens[s]; ++t) {
-      l.slots.push_back(int64_t(l.table[s * l.width + t / block_size]) * block_size + t % block_size);
+      l.slots.push_back(int64_t(l.table[s * l.width + t / block_size]) * block_size +
+                        t % block_size);
     }
   }
   return l;
@@ -355,9 +367,10 @@ int BlocksFor(const std::vector<int>& lens, int bs) {
 
 // Writes random K/V for a layout into both caches (layer `layer`).
 void FillTwins(Twins& twins, Rng& rng, int layer, int input_dtype, const Layout& l) {
-  ASSERT_EQ(twins.Write(layer, input_dtype, l.slots, rng.normals(l.slots.size() * twins.token_elems()),
-                        rng.normals(l.slots.size() * twins.token_elems())),
-            "");
+  ASSERT_EQ(
+      twins.Write(layer, input_dtype, l.slots, rng.normals(l.slots.size() * twins.token_elems()),
+                  rng.normals(l.slots.size() * twins.token_elems())),
+      "");
 }
 
 TEST(GpuWrite, SameBytesAsTheCpuForEveryFormat) {
@@ -370,7 +383,7 @@ TEST(GpuWrite, SameBytesAsTheCpuForEveryFormat) {
       Geometry g;
       g.k_dtype = kd;
       g.v_dtype = vd;
-      g.head_size = kHeadSizes[i % 6];
+      g.head_size = kHeadSizes[i % kNumHeadSizes];
       g.block_size = kBlockSizes[i % 3];
       g.smoothing = i % 4 == 0;
       ++i;
@@ -405,7 +418,7 @@ TEST(GpuDecode, AgreesWithTheCpuAcrossTheMatrix) {
       for (int group : {1, 4, 8, 16}) {
         Geometry g;
         g.k_dtype = kd;
-        g.v_dtype = kKvDtypes[rng.uniform(0, 4)];
+        g.v_dtype = kKvDtypes[rng.uniform(0, kNumKvDtypes - 1)];
         g.head_size = D;
         g.block_size = kBlockSizes[i % 3];
         g.num_kv_heads = group == 16 ? 1 : 2;
@@ -413,8 +426,8 @@ TEST(GpuDecode, AgreesWithTheCpuAcrossTheMatrix) {
         const int option = i++ % 6;
         SCOPED_TRACE(absl::StrFormat("K=%s V=%s D=%d bs=%d group=%d option=%d", DtypeName(kd),
                                      DtypeName(g.v_dtype), D, g.block_size, group, option));
-        std::vector<int> lens = {0, 1, g.block_size - 1, g.block_size + 1, rng.uniform(1, 700),
-                                 rng.uniform(256, 1100)};
+        std::vector<int> lens = {
+            0, 1, g.block_size - 1, g.block_size + 1, rng.uniform(1, 700), rng.uniform(256, 1100)};
         g.num_blocks = BlocksFor(lens, g.block_size) + 4;
         Twins twins(g, rng);
         ASSERT_EQ(twins.error(), "");
@@ -429,7 +442,8 @@ TEST(GpuDecode, AgreesWithTheCpuAcrossTheMatrix) {
         b.table = l.table;
         b.lens = l.lens;
         b.width = l.width;
-        if (option == 1) for (int h = 0; h < b.hq; ++h) b.alibi.push_back(std::ldexp(1.0f, -rng.uniform(0, 8)));
+        if (option == 1)
+          for (int h = 0; h < b.hq; ++h) b.alibi.push_back(std::ldexp(1.0f, -rng.uniform(0, 8)));
         if (option == 2) b.sliding_window = rng.uniform(1, 300);
         if (option == 3) b.soft_cap = 5 + 20 * std::abs(rng.normal());
         if (option == 4) b.query_len = rng.uniform(2, 4);
@@ -454,8 +468,8 @@ TEST(GpuDecode, PartitionBoundariesAndLongContext) {
     g.num_layers = 1;
     // Partition sizes are powers of two from 32 to 512: lengths at each
     // boundary +-1, and one context past 32k tokens.
-    std::vector<int> lens = {31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257,
-                             511, 512, 513, 1023, 1024, 1025, 33001};
+    std::vector<int> lens = {31,  32,  33,  63,  64,  65,   127,  128,  129,  255,
+                             256, 257, 511, 512, 513, 1023, 1024, 1025, 33001};
     g.num_blocks = BlocksFor(lens, g.block_size) + 2;
     Twins twins(g, rng);
     ASSERT_EQ(twins.error(), "");
@@ -489,9 +503,10 @@ TEST(GpuDecode, OneGraphServesEveryBatchWithinCapacity) {
   // Fill every block with data once: any table over them is valid.
   std::vector<int64_t> all_slots(g.num_blocks * 16);
   std::iota(all_slots.begin(), all_slots.end(), 0);
-  ASSERT_EQ(twins.Write(0, KVP_DTYPE_FP32, all_slots, rng.normals(all_slots.size() * twins.token_elems()),
-                        rng.normals(all_slots.size() * twins.token_elems())),
-            "");
+  ASSERT_EQ(
+      twins.Write(0, KVP_DTYPE_FP32, all_slots, rng.normals(all_slots.size() * twins.token_elems()),
+                  rng.normals(all_slots.size() * twins.token_elems())),
+      "");
 
   kvp_decode_config dc;
   kvp_decode_config_init(&dc);
@@ -558,7 +573,8 @@ TEST(GpuDecode, OneGraphServesEveryBatchWithinCapacity) {
     const std::vector<float> got_lse = lse.Read(want_lse.size());
     for (int64_t r = 0; r < max_seqs * hq; ++r) {
       double row_max = 0;
-      for (int d = 0; d < D; ++d) row_max = std::max(row_max, std::abs(LoadElement(KVP_DTYPE_BF16, want.data(), r * D + d)));
+      for (int d = 0; d < D; ++d)
+        row_max = std::max(row_max, std::abs(LoadElement(KVP_DTYPE_BF16, want.data(), r * D + d)));
       for (int d = 0; d < D; ++d) {
         const double w = LoadElement(KVP_DTYPE_BF16, want.data(), r * D + d);
         const double o = LoadElement(KVP_DTYPE_BF16, got.data(), r * D + d);
@@ -732,7 +748,8 @@ TEST(GpuCache, ForkSwapAndNonFiniteContainment) {
   }
   const int32_t in_pairs[] = {4, 10, 3, 11};
   ASSERT_OK(kvp_cache_transfer_blocks(twins.gpu(), swap, in_pairs, 2, nullptr));
-  ASSERT_OK(kvp_cache_copy_blocks(twins.cpu(), std::vector<int32_t>{0, 10, 1, 11}.data(), 2, nullptr));
+  ASSERT_OK(
+      kvp_cache_copy_blocks(twins.cpu(), std::vector<int32_t>{0, 10, 1, 11}.data(), 2, nullptr));
   ASSERT_CUDA(cudaDeviceSynchronize());
   twins.ExpectSameBytes();
   kvp_cache_destroy(swap);

@@ -65,7 +65,9 @@ class HostMemory final : public Memory {
     return buffers_.back().data();
   }
   void Upload(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
-  void Download(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  void Download(void* host, const void* src, size_t bytes) override {
+    std::memcpy(host, src, bytes);
+  }
   void Sync() override {}
 
  private:
@@ -77,9 +79,9 @@ class HostMemory final : public Memory {
   std::vector<Buffer> buffers_;
 };
 
-#define KVP_NF_OK(expr)                           \
-  do {                                            \
-    const std::string nf_err_ = TakeError(expr);  \
+#define KVP_NF_OK(expr)                                       \
+  do {                                                        \
+    const std::string nf_err_ = TakeError(expr);              \
     ASSERT_TRUE(nf_err_.empty()) << #expr << ": " << nf_err_; \
   } while (0)
 
@@ -174,7 +176,8 @@ inline std::vector<uint8_t> WritableBits(const kvp_cache* cache, int32_t layer,
       }
       for (int d = 0; d < info.head_size; ++d) {
         const int64_t bit = t * L.v_bits;
-        uint8_t* p = v + b * L.v_block_stride + h * L.v_head_stride + d * L.v_channel_stride + bit / 8;
+        uint8_t* p =
+            v + b * L.v_block_stride + h * L.v_head_stride + d * L.v_channel_stride + bit / 8;
         if (L.v_bits == 4) {
           *p |= static_cast<uint8_t>(0xF << (bit % 8));
         } else {
@@ -182,14 +185,14 @@ inline std::vector<uint8_t> WritableBits(const kvp_cache* cache, int32_t layer,
         }
       }
       if (L.k_scales) {
-        std::memset(ks + b * L.k_scale_block_stride + h * L.k_scale_head_stride +
-                        t * L.k_scale_entry_bytes,
-                    0xFF, L.k_scale_entry_bytes);
+        std::memset(
+            ks + b * L.k_scale_block_stride + h * L.k_scale_head_stride + t * L.k_scale_entry_bytes,
+            0xFF, L.k_scale_entry_bytes);
       }
       if (L.v_scales) {
-        std::memset(vs + b * L.v_scale_block_stride + h * L.v_scale_head_stride +
-                        t * L.v_scale_entry_bytes,
-                    0xFF, L.v_scale_entry_bytes);
+        std::memset(
+            vs + b * L.v_scale_block_stride + h * L.v_scale_head_stride + t * L.v_scale_entry_bytes,
+            0xFF, L.v_scale_entry_bytes);
       }
     }
   }
@@ -245,12 +248,12 @@ struct WriteOutcome {
 // Two sequences (A: 20 tokens, B: 20 tokens) of clean data in both layers;
 // then one write call holding a poisoned token of A, a padding token full of
 // NaN, and a token of B rewritten with its own values.
-inline void WriteContainment(Memory& mem, const CacheSpec& spec, int32_t input_dtype,
-                             uint64_t seed, WriteOutcome* outcome) {
+inline void WriteContainment(Memory& mem, const CacheSpec& spec, int32_t input_dtype, uint64_t seed,
+                             WriteOutcome* outcome) {
   Rng rng(seed);
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " K " << DtypeName(spec.k_dtype) << " V "
-                                  << DtypeName(spec.v_dtype) << " input "
-                                  << DtypeName(input_dtype) << " smoothing " << spec.smoothing);
+                                    << DtypeName(spec.v_dtype) << " input "
+                                    << DtypeName(input_dtype) << " smoothing " << spec.smoothing);
   std::vector<float> lambda;
   kvp_cache* cache = MakeCache(mem, spec, rng, &lambda);
   kvp_cache* twin = MakeCache(mem, spec, rng, &lambda);
@@ -292,8 +295,10 @@ inline void WriteContainment(Memory& mem, const CacheSpec& spec, int32_t input_d
   std::memcpy(v.data() + dense * eb, noise.data(), dense * eb);
   for (int64_t e = 0; e < dense; e += 3) PutSpecial(input_dtype, &k, dense + e, e % 3);
   for (int64_t e = 1; e < dense; e += 3) PutSpecial(input_dtype, &v, dense + e, e % 3);
-  std::memcpy(k.data() + 2 * dense * eb, clean_k[layer].data() + (len + u) * dense * eb, dense * eb);
-  std::memcpy(v.data() + 2 * dense * eb, clean_v[layer].data() + (len + u) * dense * eb, dense * eb);
+  std::memcpy(k.data() + 2 * dense * eb, clean_k[layer].data() + (len + u) * dense * eb,
+              dense * eb);
+  std::memcpy(v.data() + 2 * dense * eb, clean_v[layer].data() + (len + u) * dense * eb,
+              dense * eb);
   std::vector<uint8_t> k_zeroed = k, v_zeroed = v;
   uint64_t specials = 0;
   for (std::vector<uint8_t>* buf : {&k, &v}) {
@@ -398,10 +403,10 @@ inline DecodeRun RunDecode(Memory& mem, kvp_decoder* dec, const DecodeSpec& d, i
 inline void DecodeIsolation(Memory& mem, const CacheSpec& spec, const DecodeSpec& d,
                             uint64_t seed) {
   Rng rng(seed);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " K " << DtypeName(spec.k_dtype) << " V "
-                                  << DtypeName(spec.v_dtype) << " q " << DtypeName(d.q_dtype)
-                                  << " out " << DtypeName(d.out_dtype) << " query_len "
-                                  << d.query_len);
+  SCOPED_TRACE(::testing::Message()
+               << "seed " << seed << " K " << DtypeName(spec.k_dtype) << " V "
+               << DtypeName(spec.v_dtype) << " q " << DtypeName(d.q_dtype) << " out "
+               << DtypeName(d.out_dtype) << " query_len " << d.query_len);
   std::vector<float> lambda;
   kvp_cache* cache = MakeCache(mem, spec, rng, &lambda);
   ASSERT_NE(cache, nullptr);
@@ -481,20 +486,23 @@ inline void DecodeIsolation(Memory& mem, const CacheSpec& spec, const DecodeSpec
   for (size_t victim = 0; victim < lens.size(); ++victim) {
     for (int kind = 0; kind < 3; ++kind) {
       std::vector<uint8_t> bad_q = q;
-      const int64_t row = static_cast<int64_t>(victim) * d.query_len + rng.uniform(0, d.query_len - 1);
-      PutSpecial(d.q_dtype, &bad_q, row * qdense + rng.uniform(0, static_cast<int>(qdense) - 1), kind);
+      const int64_t row =
+          static_cast<int64_t>(victim) * d.query_len + rng.uniform(0, d.query_len - 1);
+      PutSpecial(d.q_dtype, &bad_q, row * qdense + rng.uniform(0, static_cast<int>(qdense) - 1),
+                 kind);
       const DecodeRun dirty = RunDecode(mem, dec, d, D, bad_q, table, width, lens, alibi);
       for (size_t s = 0; s < lens.size(); ++s) {
         if (s == victim) continue;
         for (int i = 0; i < d.query_len; ++i) {
           const int64_t r = static_cast<int64_t>(s) * d.query_len + i;
-          ASSERT_EQ(0, std::memcmp(clean.out.data() + r * row_bytes, dirty.out.data() + r * row_bytes,
-                                   row_bytes))
+          ASSERT_EQ(0, std::memcmp(clean.out.data() + r * row_bytes,
+                                   dirty.out.data() + r * row_bytes, row_bytes))
               << "a non-finite query (kind " << kind << ") in sequence " << victim
               << " changed the output of sequence " << s;
           ASSERT_EQ(0, std::memcmp(&clean.lse[r * d.num_q_heads], &dirty.lse[r * d.num_q_heads],
                                    d.num_q_heads * sizeof(float)))
-              << "a non-finite query in sequence " << victim << " changed the lse of sequence " << s;
+              << "a non-finite query in sequence " << victim << " changed the lse of sequence "
+              << s;
         }
       }
     }
@@ -509,8 +517,9 @@ inline void DecodeIsolation(Memory& mem, const CacheSpec& spec, const DecodeSpec
 // (data 0xFF, scales FP16 NaN or Inf): the decode's bits do not change.
 inline void StaleTails(Memory& mem, const CacheSpec& spec, const DecodeSpec& d, uint64_t seed) {
   Rng rng(seed);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed << " K " << DtypeName(spec.k_dtype) << " V "
-                                  << DtypeName(spec.v_dtype) << " block_size " << spec.block_size);
+  SCOPED_TRACE(::testing::Message()
+               << "seed " << seed << " K " << DtypeName(spec.k_dtype) << " V "
+               << DtypeName(spec.v_dtype) << " block_size " << spec.block_size);
   std::vector<float> lambda;
   kvp_cache* cache = MakeCache(mem, spec, rng, &lambda);
   ASSERT_NE(cache, nullptr);
@@ -532,7 +541,8 @@ inline void StaleTails(Memory& mem, const CacheSpec& spec, const DecodeSpec& d, 
       table[s * width + j] = perm[next];
       used[perm[next++]] = true;
     }
-    for (int t = 0; t < lens[s]; ++t) slots.push_back(int64_t{table[s * width + t / bs]} * bs + t % bs);
+    for (int t = 0; t < lens[s]; ++t)
+      slots.push_back(int64_t{table[s * width + t / bs]} * bs + t % bs);
   }
   ASSERT_LT(next, spec.num_blocks) << "need an unused block";
   const int32_t spare = perm[next];
@@ -582,7 +592,8 @@ inline void StaleTails(Memory& mem, const CacheSpec& spec, const DecodeSpec& d, 
       }
       for (int dd = 0; dd < D; ++dd) {
         const int64_t bit = int64_t{t} * L.v_bits;
-        uint8_t* p = &vd[b * L.v_block_stride + h * L.v_head_stride + dd * L.v_channel_stride + bit / 8];
+        uint8_t* p =
+            &vd[b * L.v_block_stride + h * L.v_head_stride + dd * L.v_channel_stride + bit / 8];
         if (L.v_bits == 4) {
           *p |= static_cast<uint8_t>(0xF << (bit % 8));
         } else {
@@ -594,7 +605,8 @@ inline void StaleTails(Memory& mem, const CacheSpec& spec, const DecodeSpec& d, 
         if (sc.empty()) continue;
         const int64_t entry = side == 0 ? L.k_scale_entry_bytes : L.v_scale_entry_bytes;
         const int64_t at = b * (side == 0 ? L.k_scale_block_stride : L.v_scale_block_stride) +
-                           h * (side == 0 ? L.k_scale_head_stride : L.v_scale_head_stride) + t * entry;
+                           h * (side == 0 ? L.k_scale_head_stride : L.v_scale_head_stride) +
+                           t * entry;
         for (int64_t e = 0; e < entry; e += 2) {
           const uint16_t bits = kNanOrInf[rng.uniform(0, 3)];
           std::memcpy(&sc[at + e], &bits, 2);
@@ -625,8 +637,8 @@ inline void StaleTails(Memory& mem, const CacheSpec& spec, const DecodeSpec& d, 
   kvp_cache_destroy(cache);
 }
 
-constexpr int32_t kKvDtypes[] = {KVP_DTYPE_FP16, KVP_DTYPE_BF16, KVP_DTYPE_FP8_E4M3,
-                                 KVP_DTYPE_INT8, KVP_DTYPE_INT4};
+constexpr int32_t kKvDtypes[] = {KVP_DTYPE_FP16, KVP_DTYPE_BF16, KVP_DTYPE_FP8_E4M3, KVP_DTYPE_INT8,
+                                 KVP_DTYPE_INT4};
 constexpr int32_t kIoDtypes[] = {KVP_DTYPE_FP32, KVP_DTYPE_FP16, KVP_DTYPE_BF16};
 
 }  // namespace nonfinite

@@ -88,9 +88,9 @@ void DecodeMine(kvp_cache* cache, kvp_decoder* dec, const std::vector<int64_t>& 
   if (b.ids.empty()) return;
   b.table.assign(b.ids.size() * kWidth, -1);
   b.lens.assign(b.ids.size(), -1);
-  std::string e = TakeError(kvp_cache_export_block_table(
-      cache, b.ids.data(), static_cast<int32_t>(b.ids.size()), kWidth, kWidth, b.table.data(),
-      b.lens.data()));
+  std::string e = TakeError(kvp_cache_export_block_table(cache, b.ids.data(),
+                                                         static_cast<int32_t>(b.ids.size()), kWidth,
+                                                         kWidth, b.table.data(), b.lens.data()));
   if (!e.empty()) return fail("export: " + e);
   b.q = rng.normals(b.ids.size() * kQHeads * kHead);
   const int32_t layer = rng.uniform(0, kLayers - 1);
@@ -104,8 +104,7 @@ void DecodeMine(kvp_cache* cache, kvp_decoder* dec, const std::vector<int64_t>& 
   r->last_layer = layer;
 }
 
-void Worker(kvp_cache* cache, uint64_t seed, int steps, std::atomic<int>* start,
-            WorkerResult* r) {
+void Worker(kvp_cache* cache, uint64_t seed, int steps, std::atomic<int>* start, WorkerResult* r) {
   Rng rng(seed);
   kvp_decoder* dec = NewDecoder(cache);
   std::vector<int64_t> mine;
@@ -120,14 +119,18 @@ void Worker(kvp_cache* cache, uint64_t seed, int steps, std::atomic<int>* start,
     if (mine.empty() || op == 0) {
       int64_t id = 0;
       const std::string e = TakeError(kvp_seq_create(cache, &id));
-      if (!e.empty()) fail("create: " + e);
-      else mine.push_back(id);
+      if (!e.empty())
+        fail("create: " + e);
+      else
+        mine.push_back(id);
     } else if (op == 1 && mine.size() < 6) {
       int64_t child = 0;
       const std::string e =
           TakeError(kvp_seq_fork(cache, mine[rng.uniform(0, int(mine.size()) - 1)], &child));
-      if (!e.empty()) fail("fork: " + e);
-      else mine.push_back(child);
+      if (!e.empty())
+        fail("fork: " + e);
+      else
+        mine.push_back(child);
     } else if (op <= 4) {
       // Append and write the new tokens in both layers; one NaN per write.
       const int64_t id = mine[rng.uniform(0, int(mine.size()) - 1)];
@@ -138,8 +141,10 @@ void Worker(kvp_cache* cache, uint64_t seed, int steps, std::atomic<int>* start,
       std::vector<int64_t> slots(n);
       kvp_error* e = kvp_seq_append(cache, id, n, slots.data(), nullptr);
       if (e != nullptr) {
-        if (kvp_error_code(e) != KVP_ERR_OUT_OF_BLOCKS) fail("append: " + TakeError(e));
-        else kvp_error_free(e);
+        if (kvp_error_code(e) != KVP_ERR_OUT_OF_BLOCKS)
+          fail("append: " + TakeError(e));
+        else
+          kvp_error_free(e);
         continue;
       }
       ++r->appends;
@@ -155,8 +160,12 @@ void Worker(kvp_cache* cache, uint64_t seed, int steps, std::atomic<int>* start,
         w.value = v.data();
         w.slot_mapping = slots.data();
         const std::string we = TakeError(kvp_cache_write(cache, &w, nullptr));
-        if (!we.empty()) fail("write: " + we);
-        else { ++r->nans_written; ++r->writes; }
+        if (!we.empty())
+          fail("write: " + we);
+        else {
+          ++r->nans_written;
+          ++r->writes;
+        }
       }
     } else if (op == 5) {
       const size_t i = rng.uniform(0, int(mine.size()) - 1);

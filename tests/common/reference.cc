@@ -59,14 +59,14 @@ DequantizedLayer DequantizedLayer::Read(const kvp_cache* cache, int32_t layer) {
           const int64_t kbit = int64_t{d % l.k_x} * l.k_bits;
           const uint8_t* kp = kd + b * l.k_block_stride + h * l.k_head_stride +
                               (d / l.k_x) * l.k_chunk_stride + t * 16 + kbit / 8;
-          const uint16_t kc = l.k_bits == 16 ? Read16(kp)
+          const uint16_t kc = l.k_bits == 16  ? Read16(kp)
                               : l.k_bits == 8 ? kp[0]
                                               : (kp[0] >> (kbit % 8)) & 0xF;
           // V: channel row, tokens along it.
           const int64_t vbit = int64_t{t} * l.v_bits;
-          const uint8_t* vp = vd + b * l.v_block_stride + h * l.v_head_stride +
-                              d * l.v_channel_stride + vbit / 8;
-          const uint16_t vc = l.v_bits == 16 ? Read16(vp)
+          const uint8_t* vp =
+              vd + b * l.v_block_stride + h * l.v_head_stride + d * l.v_channel_stride + vbit / 8;
+          const uint16_t vc = l.v_bits == 16  ? Read16(vp)
                               : l.v_bits == 8 ? vp[0]
                                               : (vp[0] >> (vbit % 8)) & 0xF;
           out.k_[i] = DequantizeCode(kt, kc, kse);
@@ -135,9 +135,7 @@ void ReferenceDecode(const DequantizedLayer& L, const DecodeProblem& p, std::vec
   }
 }
 
-int32_t DtypeBytes(int32_t dtype) {
-  return dtype == KVP_DTYPE_FP32 ? 4 : 2;
-}
+int32_t DtypeBytes(int32_t dtype) { return dtype == KVP_DTYPE_FP32 ? 4 : 2; }
 
 const char* DtypeName(int32_t dtype) { return DTypeName(static_cast<DType>(dtype)); }
 

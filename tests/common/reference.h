@@ -37,14 +37,14 @@ struct DecodeProblem {
   int32_t num_q_heads = 0;
   int32_t head_size = 0;
   int32_t q_dtype = KVP_DTYPE_FP32;
-  std::vector<uint8_t> q;               // [seq][i][head][d] in q_dtype, dense
-  std::vector<int32_t> block_table;     // [seq][width]
+  std::vector<uint8_t> q;            // [seq][i][head][d] in q_dtype, dense
+  std::vector<int32_t> block_table;  // [seq][width]
   int32_t block_table_width = 0;
   std::vector<int32_t> seq_lens;
-  std::vector<float> alibi_slopes;      // empty = none
-  std::vector<float> key_smoothing;     // empty = none; [kv_head][d]
+  std::vector<float> alibi_slopes;   // empty = none
+  std::vector<float> key_smoothing;  // empty = none; [kv_head][d]
   int32_t sliding_window = 0;
-  float sm_scale = 0;                   // 0 = 1/sqrt(D)
+  float sm_scale = 0;  // 0 = 1/sqrt(D)
   float logits_soft_cap = 0;
 };
 

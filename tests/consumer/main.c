@@ -1,8 +1,7 @@
 /* Links against an installed kvpage and creates a cache. */
+#include <kvpage/kvpage.h>
 #include <stdio.h>
 #include <string.h>
-
-#include <kvpage/kvpage.h>
 
 int main(void) {
   kvp_cache_config cfg;

@@ -140,11 +140,11 @@ std::string Take(kvp_error* e, int32_t* code) {
   return m;
 }
 
-#define ASSERT_KVP_OK(expr)                         \
-  do {                                              \
-    int32_t c_;                                     \
-    const std::string m_ = Take((expr), &c_);       \
-    ASSERT_EQ(c_, KVP_OK) << #expr << ": " << m_;   \
+#define ASSERT_KVP_OK(expr)                       \
+  do {                                            \
+    int32_t c_;                                   \
+    const std::string m_ = Take((expr), &c_);     \
+    ASSERT_EQ(c_, KVP_OK) << #expr << ": " << m_; \
   } while (0)
 
 constexpr int32_t kLayers = 2, kBlocks = 12, kBlockSize = 16, kKvHeads = 2, kHead = 64;
@@ -185,7 +185,8 @@ kvp_cache_config Config(const std::vector<float>* lambda) {
 
 void Write(kvp_cache* cache, std::mt19937& rng, const std::vector<int64_t>& slots) {
   for (int32_t l = 0; l < kLayers; ++l) {
-    const std::vector<float> k = Randn(rng, slots.size() * kDense), v = Randn(rng, slots.size() * kDense);
+    const std::vector<float> k = Randn(rng, slots.size() * kDense),
+                             v = Randn(rng, slots.size() * kDense);
     kvp_write_args w;
     kvp_write_args_init(&w);
     w.layer = l;
@@ -261,7 +262,8 @@ State Observe(const kvp_cache* cache, const std::vector<int64_t>& ids) {
     kvp_layer_layout lay;
     kvp_layer_layout_init(&lay);
     Take(kvp_cache_get_layout(cache, l, &lay), &code);
-    for (auto r : {std::make_pair(lay.k_data, lay.k_data_bytes), std::make_pair(lay.v_data, lay.v_data_bytes),
+    for (auto r : {std::make_pair(lay.k_data, lay.k_data_bytes),
+                   std::make_pair(lay.v_data, lay.v_data_bytes),
                    std::make_pair(lay.k_scales, lay.k_scale_bytes),
                    std::make_pair(lay.v_scales, lay.v_scale_bytes)}) {
       const auto* p = static_cast<const uint8_t*>(r.first);
@@ -382,8 +384,8 @@ class HostOom : public ::testing::Test {
     Destroy(&w);
   }
   static void TearDownTestSuite() {
-    std::printf("[ HostOom ] %d allocation points failed, %d of them absorbed\n",
-                g_figures.points, g_figures.absorbed);
+    std::printf("[ HostOom ] %d allocation points failed, %d of them absorbed\n", g_figures.points,
+                g_figures.absorbed);
   }
 };
 
@@ -418,8 +420,9 @@ TEST_F(HostOom, CacheCreate) {
       if (!fired) break;
     }
   }
-  std::printf("[ HostOom ] kvp_cache_create (plain, key smoothing, checked): %d allocation points\n",
-              g_figures.points - start.points);
+  std::printf(
+      "[ HostOom ] kvp_cache_create (plain, key smoothing, checked): %d allocation points\n",
+      g_figures.points - start.points);
 }
 
 TEST_F(HostOom, DecoderCreate) {
@@ -454,10 +457,11 @@ TEST_F(HostOom, SequenceOperations) {
     int64_t* slots = Buffer<int64_t>(out, 40);
     return Armed([&] { return kvp_seq_append(w.cache, w.b, 40, slots, nullptr); });
   });
-  ExerciseEveryAllocation("kvp_seq_append (copy-on-write)", [](World& w, std::vector<uint8_t>* out) {
-    int64_t* slots = Buffer<int64_t>(out, 3);
-    return Armed([&] { return kvp_seq_append(w.cache, w.c, 3, slots, nullptr); });
-  });
+  ExerciseEveryAllocation(
+      "kvp_seq_append (copy-on-write)", [](World& w, std::vector<uint8_t>* out) {
+        int64_t* slots = Buffer<int64_t>(out, 3);
+        return Armed([&] { return kvp_seq_append(w.cache, w.c, 3, slots, nullptr); });
+      });
   ExerciseEveryAllocation("kvp_seq_truncate", [](World& w, std::vector<uint8_t>*) {
     return Armed([&] { return kvp_seq_truncate(w.cache, w.a, 5); });
   });
@@ -471,7 +475,8 @@ TEST_F(HostOom, SequenceOperations) {
   ExerciseEveryAllocation("kvp_cache_export_block_table", [](World& w, std::vector<uint8_t>* out) {
     const int64_t ids[3] = {w.a, w.b, w.c};
     int32_t* buf = Buffer<int32_t>(out, 3 * 4 + 3);
-    return Armed([&] { return kvp_cache_export_block_table(w.cache, ids, 3, 4, 4, buf, buf + 12); });
+    return Armed(
+        [&] { return kvp_cache_export_block_table(w.cache, ids, 3, 4, 4, buf, buf + 12); });
   });
 }
 

@@ -74,8 +74,8 @@ std::string Format(const char* fmt, ...) {
   std::abort();
 }
 
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
+#define CHECK(cond, ...)                                             \
+  do {                                                               \
     if (!(cond)) Fail(__LINE__, #cond " -- " + Format(__VA_ARGS__)); \
   } while (0)
 
@@ -231,7 +231,8 @@ class Values {
     static const uint32_t kF32[] = {0x7FC00000u, 0x7F800000u, 0xFF800000u, 0x7F7FFFFFu,
                                     0xFF7FFFFFu, 0x00000001u, 0x80000000u, 0x7FA5A5A5u};
     static const uint32_t kF16[] = {0x7E00, 0x7C00, 0xFC00, 0x7BFF, 0xFBFF, 0x0001, 0x8000, 0x7D01};
-    static const uint32_t kBf16[] = {0x7FC0, 0x7F80, 0xFF80, 0x7F7F, 0xFF7F, 0x0001, 0x8000, 0xFFA5};
+    static const uint32_t kBf16[] = {0x7FC0, 0x7F80, 0xFF80, 0x7F7F,
+                                     0xFF7F, 0x0001, 0x8000, 0xFFA5};
     const uint32_t* table = dtype == KVP_DTYPE_FP32 ? kF32 : dtype == KVP_DTYPE_FP16 ? kF16 : kBf16;
     PutBits(dtype, buf, i, table[kind & 7]);
   }
@@ -404,25 +405,62 @@ class Harness {
     int32_t want = KVP_OK;
     kvp_cache_config bad = cfg;
     switch (OneIn(3) ? Pick(1, 13) : 0) {
-      case 1: bad.struct_size = Pick(0, 1) ? 0 : kCacheConfig10 - 8; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 2: bad.num_layers = Pick(0, 1) ? 0 : kI32Min; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 3: bad.num_blocks = -Pick(0, 3); want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 4: bad.block_size = Pick(0, 1) ? 12 : 64; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 5: bad.num_kv_heads = -Pick(0, 2); want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 6: bad.head_size = Pick(0, 1) ? 72 : 0; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 7: bad.k_dtype = Pick(0, 1) ? KVP_DTYPE_FP32 : 6; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 8: bad.v_dtype = Pick(0, 1) ? -1 : 99; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 9: bad.reserved0 = 1; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 10: bad.device_kind = Pick(0, 1) ? 2 : -1; want = KVP_ERR_INVALID_ARGUMENT; break;
+      case 1:
+        bad.struct_size = Pick(0, 1) ? 0 : kCacheConfig10 - 8;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 2:
+        bad.num_layers = Pick(0, 1) ? 0 : kI32Min;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 3:
+        bad.num_blocks = -Pick(0, 3);
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 4:
+        bad.block_size = Pick(0, 1) ? 12 : 64;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 5:
+        bad.num_kv_heads = -Pick(0, 2);
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 6:
+        bad.head_size = Pick(0, 1) ? 72 : 0;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 7:
+        bad.k_dtype = Pick(0, 1) ? KVP_DTYPE_FP32 : 6;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 8:
+        bad.v_dtype = Pick(0, 1) ? -1 : 99;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 9:
+        bad.reserved0 = 1;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 10:
+        bad.device_kind = Pick(0, 1) ? 2 : -1;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
       case 11:
         if (g.smoothing) {
           lambda[Pick(0, static_cast<int>(lambda.size()) - 1)] = Pick(0, 1) ? 0.0f : NAN;
           want = KVP_ERR_INVALID_ARGUMENT;
         }
         break;
-      case 12: bad.num_blocks = kI32Max / bad.block_size + 1; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 13: bad.checked = Pick(0, 1) ? 2 : -1; want = KVP_ERR_INVALID_ARGUMENT; break;
-      default: break;
+      case 12:
+        bad.num_blocks = kI32Max / bad.block_size + 1;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 13:
+        bad.checked = Pick(0, 1) ? 2 : -1;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      default:
+        break;
     }
     if (want != KVP_OK) {
       kvp_cache* out = reinterpret_cast<kvp_cache*>(0x1);
@@ -455,12 +493,14 @@ class Harness {
       kvp_layer_layout_init(&lay);
       EXPECT_CODE("kvp_cache_get_layout", Code(kvp_cache_get_layout(cache, l, &lay)), KVP_OK);
       c.layouts.push_back(lay);
-      c.regions.push_back({static_cast<uint8_t*>(lay.k_data), lay.k_data_bytes, lay.k_block_stride});
-      c.regions.push_back({static_cast<uint8_t*>(lay.v_data), lay.v_data_bytes, lay.v_block_stride});
-      c.regions.push_back({static_cast<uint8_t*>(lay.k_scales), lay.k_scales ? lay.k_scale_bytes : 0,
-                           lay.k_scale_block_stride});
-      c.regions.push_back({static_cast<uint8_t*>(lay.v_scales), lay.v_scales ? lay.v_scale_bytes : 0,
-                           lay.v_scale_block_stride});
+      c.regions.push_back(
+          {static_cast<uint8_t*>(lay.k_data), lay.k_data_bytes, lay.k_block_stride});
+      c.regions.push_back(
+          {static_cast<uint8_t*>(lay.v_data), lay.v_data_bytes, lay.v_block_stride});
+      c.regions.push_back({static_cast<uint8_t*>(lay.k_scales),
+                           lay.k_scales ? lay.k_scale_bytes : 0, lay.k_scale_block_stride});
+      c.regions.push_back({static_cast<uint8_t*>(lay.v_scales),
+                           lay.v_scales ? lay.v_scale_bytes : 0, lay.v_scale_block_stride});
       CHECK(lay.k_data_bytes == lay.k_block_stride * g.blocks, "K region size");
       CHECK(lay.v_data_bytes == lay.v_block_stride * g.blocks, "V region size");
       if (c.alloc) {
@@ -521,11 +561,11 @@ class Harness {
       for (const auto& kv : c.seqs) ids.push_back(kv.first);
       const int32_t w = c.g.blocks;
       std::vector<int32_t> table(ids.size() * w, -7), lens(ids.size(), -7);
-      EXPECT_CODE("kvp_cache_export_block_table",
-                  Code(kvp_cache_export_block_table(c.cache, ids.data(),
-                                                    static_cast<int32_t>(ids.size()), w, w,
-                                                    table.data(), lens.data())),
-                  KVP_OK);
+      EXPECT_CODE(
+          "kvp_cache_export_block_table",
+          Code(kvp_cache_export_block_table(c.cache, ids.data(), static_cast<int32_t>(ids.size()),
+                                            w, w, table.data(), lens.data())),
+          KVP_OK);
       size_t i = 0;
       for (const auto& kv : c.seqs) {
         const Seq& s = kv.second;
@@ -583,8 +623,10 @@ class Harness {
   // The first byte of `now` that differs from `was` in bits `mask` (NULL:
   // none) does not allow to change; n if there is none. Kept out of the
   // coverage instrumentation: it is the harness's hot loop.
-  __attribute__((no_sanitize("coverage"))) static size_t FirstForbiddenChange(
-      const uint8_t* now, const uint8_t* was, const uint8_t* mask, size_t n) {
+  __attribute__((no_sanitize("coverage"))) static size_t FirstForbiddenChange(const uint8_t* now,
+                                                                              const uint8_t* was,
+                                                                              const uint8_t* mask,
+                                                                              size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
       uint64_t a, b, m = 0;
@@ -618,19 +660,48 @@ class Harness {
     CacheModel* c = AnyCache();
     if (c == nullptr) return;
     switch (Pick(0, 15)) {
-      case 0: Create(*c); break;
-      case 1: Fork(*c); break;
-      case 2: case 3: Append(*c); break;
-      case 4: Truncate(*c); break;
-      case 5: FreeSeq(*c); break;
-      case 6: Export(*c); break;
-      case 7: case 8: Write(*c); break;
-      case 9: case 10: Decode(*c); break;
-      case 11: Copy(*c); break;
-      case 12: Transfer(); break;
-      case 13: Queries(*c); break;
-      case 14: BadCalls(*c); break;
-      case 15: Lifecycle(); break;
+      case 0:
+        Create(*c);
+        break;
+      case 1:
+        Fork(*c);
+        break;
+      case 2:
+      case 3:
+        Append(*c);
+        break;
+      case 4:
+        Truncate(*c);
+        break;
+      case 5:
+        FreeSeq(*c);
+        break;
+      case 6:
+        Export(*c);
+        break;
+      case 7:
+      case 8:
+        Write(*c);
+        break;
+      case 9:
+      case 10:
+        Decode(*c);
+        break;
+      case 11:
+        Copy(*c);
+        break;
+      case 12:
+        Transfer();
+        break;
+      case 13:
+        Queries(*c);
+        break;
+      case 14:
+        BadCalls(*c);
+        break;
+      case 15:
+        Lifecycle();
+        break;
     }
   }
 
@@ -663,11 +734,21 @@ class Harness {
     const int64_t id = PickId(c);
     int32_t n;
     switch (Pick(0, 15)) {
-      case 0: n = -Pick(1, 3); break;
-      case 1: n = kI32Max - Pick(0, 20); break;
-      case 2: n = Pick(0, 1) ? kI32Min : 0; break;
-      case 3: n = Pick(c.g.block_size, 4 * c.g.block_size); break;
-      default: n = Pick(1, c.g.block_size + 3); break;
+      case 0:
+        n = -Pick(1, 3);
+        break;
+      case 1:
+        n = kI32Max - Pick(0, 20);
+        break;
+      case 2:
+        n = Pick(0, 1) ? kI32Min : 0;
+        break;
+      case 3:
+        n = Pick(c.g.block_size, 4 * c.g.block_size);
+        break;
+      default:
+        n = Pick(1, c.g.block_size + 3);
+        break;
     }
     // Predict.
     int32_t want = KVP_OK;
@@ -751,17 +832,26 @@ class Harness {
     const int32_t cur = it == c.seqs.end() ? 0 : it->second.len;
     int32_t len;
     switch (Pick(0, 7)) {
-      case 0: len = cur + Pick(1, 40); break;
-      case 1: len = Pick(0, 1) ? -1 : kI32Min; break;
-      case 2: len = cur; break;
-      default: len = Pick(0, std::max(cur, 0)); break;
+      case 0:
+        len = cur + Pick(1, 40);
+        break;
+      case 1:
+        len = Pick(0, 1) ? -1 : kI32Min;
+        break;
+      case 2:
+        len = cur;
+        break;
+      default:
+        len = Pick(0, std::max(cur, 0));
+        break;
     }
     const bool ok = it != c.seqs.end() && len >= 0 && len <= cur;
     EXPECT_CODE("kvp_seq_truncate", Code(kvp_seq_truncate(c.cache, id, len)),
                 ok ? KVP_OK : KVP_ERR_INVALID_ARGUMENT);
     if (!ok) return;
     it->second.len = len;
-    it->second.blocks.resize(static_cast<size_t>((int64_t{len} + c.g.block_size - 1) / c.g.block_size));
+    it->second.blocks.resize(
+        static_cast<size_t>((int64_t{len} + c.g.block_size - 1) / c.g.block_size));
   }
 
   void FreeSeq(CacheModel& c) {
@@ -792,7 +882,8 @@ class Harness {
     if (ok) {
       for (int64_t id : ids) {
         const auto it = c.seqs.find(id);
-        if (it == c.seqs.end() || static_cast<int64_t>(it->second.blocks.size()) > width) ok = false;
+        if (it == c.seqs.end() || static_cast<int64_t>(it->second.blocks.size()) > width)
+          ok = false;
       }
     }
     const int32_t got = Code(kvp_cache_export_block_table(
@@ -876,17 +967,54 @@ class Harness {
     bool ok = !bad_slot;
     if (n > 0 && (a.key == nullptr || a.value == nullptr)) ok = false;
     switch (OneIn(4) ? Pick(1, 10) : 0) {
-      case 1: a.struct_size = Pick(0, 1) ? 0 : kWriteArgs10 - 8; ok = false; break;
-      case 2: a.layer = Pick(0, 1) ? -1 : g.layers; ok = false; break;
-      case 3: a.num_tokens = -Pick(1, 2); ok = false; break;
-      case 4: a.input_dtype = Pick(KVP_DTYPE_FP8_E4M3, 9); ok = false; break;
-      case 5: a.reserved0 = Pick(1, 5); ok = false; break;
-      case 6: a.key_token_stride = dense - Pick(1, 2); ok = false; break;
-      case 7: a.value_token_stride = -Pick(1, 2); ok = false; break;
-      case 8: if (n > 0) { a.key = nullptr; ok = false; } break;
-      case 9: if (n > 0) { a.slot_mapping = nullptr; ok = false; } break;
-      case 10: if (n > 1) { a.key_token_stride = std::numeric_limits<int64_t>::max() / 2; ok = false; } break;
-      default: break;
+      case 1:
+        a.struct_size = Pick(0, 1) ? 0 : kWriteArgs10 - 8;
+        ok = false;
+        break;
+      case 2:
+        a.layer = Pick(0, 1) ? -1 : g.layers;
+        ok = false;
+        break;
+      case 3:
+        a.num_tokens = -Pick(1, 2);
+        ok = false;
+        break;
+      case 4:
+        a.input_dtype = Pick(KVP_DTYPE_FP8_E4M3, 9);
+        ok = false;
+        break;
+      case 5:
+        a.reserved0 = Pick(1, 5);
+        ok = false;
+        break;
+      case 6:
+        a.key_token_stride = dense - Pick(1, 2);
+        ok = false;
+        break;
+      case 7:
+        a.value_token_stride = -Pick(1, 2);
+        ok = false;
+        break;
+      case 8:
+        if (n > 0) {
+          a.key = nullptr;
+          ok = false;
+        }
+        break;
+      case 9:
+        if (n > 0) {
+          a.slot_mapping = nullptr;
+          ok = false;
+        }
+        break;
+      case 10:
+        if (n > 1) {
+          a.key_token_stride = std::numeric_limits<int64_t>::max() / 2;
+          ok = false;
+        }
+        break;
+      default:
+        break;
     }
     const int32_t got = Code(kvp_cache_write(c.cache, &a, nullptr));
     EXPECT_CODE("kvp_cache_write", got, ok ? KVP_OK : KVP_ERR_INVALID_ARGUMENT);
@@ -957,28 +1085,54 @@ class Harness {
     kvp_decode_config bad = cfg;
     int32_t want = KVP_OK;
     switch (OneIn(4) ? Pick(1, 9) : 0) {
-      case 1: bad.struct_size = Pick(0, 1) ? 0 : 16; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 2: bad.num_query_heads = Pick(0, 1) ? 0 : -c.g.kv_heads; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 3:
-        if (c.g.kv_heads > 1) { bad.num_query_heads = c.g.kv_heads + 1; want = KVP_ERR_INVALID_ARGUMENT; }
+      case 1:
+        bad.struct_size = Pick(0, 1) ? 0 : 16;
+        want = KVP_ERR_INVALID_ARGUMENT;
         break;
-      case 4: bad.max_num_seqs = -Pick(0, 1); want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 5: bad.max_context_len = Pick(0, 1) ? 0 : kI32Min; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 6: bad.max_query_len = Pick(0, 1) ? 0 : cfg.max_context_len + 1; want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 7: bad.q_dtype = Pick(KVP_DTYPE_FP8_E4M3, 7); want = KVP_ERR_INVALID_ARGUMENT; break;
-      case 8: bad.out_dtype = Pick(0, 1) ? -1 : KVP_DTYPE_INT8; want = KVP_ERR_INVALID_ARGUMENT; break;
+      case 2:
+        bad.num_query_heads = Pick(0, 1) ? 0 : -c.g.kv_heads;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 3:
+        if (c.g.kv_heads > 1) {
+          bad.num_query_heads = c.g.kv_heads + 1;
+          want = KVP_ERR_INVALID_ARGUMENT;
+        }
+        break;
+      case 4:
+        bad.max_num_seqs = -Pick(0, 1);
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 5:
+        bad.max_context_len = Pick(0, 1) ? 0 : kI32Min;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 6:
+        bad.max_query_len = Pick(0, 1) ? 0 : cfg.max_context_len + 1;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 7:
+        bad.q_dtype = Pick(KVP_DTYPE_FP8_E4M3, 7);
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 8:
+        bad.out_dtype = Pick(0, 1) ? -1 : KVP_DTYPE_INT8;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
       case 9:
         bad.max_num_seqs = kI32Max;
         bad.max_context_len = kI32Max;
         bad.max_query_len = kI32Max;
         want = KVP_ERR_INVALID_ARGUMENT;
         break;
-      default: break;
+      default:
+        break;
     }
     if (want != KVP_OK) {
       kvp_decoder* out = reinterpret_cast<kvp_decoder*>(0x1);
       uint64_t bytes = 12345;
-      EXPECT_CODE("kvp_decode_workspace_size", Code(kvp_decode_workspace_size(c.cache, &bad, &bytes)), want);
+      EXPECT_CODE("kvp_decode_workspace_size",
+                  Code(kvp_decode_workspace_size(c.cache, &bad, &bytes)), want);
       EXPECT_CODE("kvp_decoder_create", Code(kvp_decoder_create(c.cache, &bad, &out)), want);
       CHECK(out == reinterpret_cast<kvp_decoder*>(0x1) && bytes == 12345,
             "a failed decoder call wrote its out-parameter");
@@ -1021,7 +1175,8 @@ class Harness {
         const int32_t nb = (lens[s] + g.block_size - 1) / g.block_size;
         for (int32_t j = 0; j < nb; ++j) rows[s].push_back(Pick(0, g.blocks - 1));
       }
-      need_width = std::max(need_width, static_cast<int32_t>((lens[s] + g.block_size - 1) / g.block_size));
+      need_width =
+          std::max(need_width, static_cast<int32_t>((lens[s] + g.block_size - 1) / g.block_size));
     }
     const int32_t width = need_width + Pick(0, 2);
     const int64_t t_stride = OneIn(3) ? width + Pick(1, 3) : 0;
@@ -1030,9 +1185,8 @@ class Harness {
     for (int32_t s = 0; s < num_seqs; ++s) {
       for (int64_t j = 0; j < row_stride; ++j) {
         // Entries past a row's blocks are never read: make them garbage.
-        table[s * row_stride + j] = j < static_cast<int64_t>(rows[s].size())
-                                        ? rows[s][j]
-                                        : (OneIn(2) ? -12345 : kI32Max);
+        table[s * row_stride + j] =
+            j < static_cast<int64_t>(rows[s].size()) ? rows[s][j] : (OneIn(2) ? -12345 : kI32Max);
       }
     }
     const int64_t q_stride = OneIn(3) ? dense + Pick(1, 7) : 0;
@@ -1067,22 +1221,61 @@ class Harness {
 
     bool ok = true, null_out = false;
     switch (OneIn(4) ? Pick(1, 16) : 0) {
-      case 1: a.struct_size = Pick(0, 1) ? 0 : kDecodeArgs10 - 8; ok = false; break;
-      case 2: a.layer = Pick(0, 1) ? -1 : g.layers; ok = false; break;
-      case 3: a.num_seqs = Pick(0, 1) ? -1 : cfg.max_num_seqs + 1; ok = false; break;
-      case 4: a.query_len = Pick(0, 1) ? 0 : cfg.max_query_len + 1; ok = false; break;
-      case 5: a.sliding_window = -Pick(1, 3); ok = false; break;
-      case 6: a.sm_scale = Pick(0, 1) ? NAN : -1.0f; ok = false; break;
-      case 7: a.logits_soft_cap = Pick(0, 1) ? INFINITY : -2.0f; ok = false; break;
-      case 8: a.q_token_stride = dense - 1; ok = false; break;
-      case 9: a.out_token_stride = -Pick(1, 3); ok = false; break;
-      case 10: a.block_table_width = -Pick(0, 2); ok = false; break;
-      case 11:
-        if (width >= 2) { a.block_table_stride = width - 1; ok = false; }
+      case 1:
+        a.struct_size = Pick(0, 1) ? 0 : kDecodeArgs10 - 8;
+        ok = false;
         break;
-      case 12: a.reserved0 = 1; ok = false; break;
+      case 2:
+        a.layer = Pick(0, 1) ? -1 : g.layers;
+        ok = false;
+        break;
+      case 3:
+        a.num_seqs = Pick(0, 1) ? -1 : cfg.max_num_seqs + 1;
+        ok = false;
+        break;
+      case 4:
+        a.query_len = Pick(0, 1) ? 0 : cfg.max_query_len + 1;
+        ok = false;
+        break;
+      case 5:
+        a.sliding_window = -Pick(1, 3);
+        ok = false;
+        break;
+      case 6:
+        a.sm_scale = Pick(0, 1) ? NAN : -1.0f;
+        ok = false;
+        break;
+      case 7:
+        a.logits_soft_cap = Pick(0, 1) ? INFINITY : -2.0f;
+        ok = false;
+        break;
+      case 8:
+        a.q_token_stride = dense - 1;
+        ok = false;
+        break;
+      case 9:
+        a.out_token_stride = -Pick(1, 3);
+        ok = false;
+        break;
+      case 10:
+        a.block_table_width = -Pick(0, 2);
+        ok = false;
+        break;
+      case 11:
+        if (width >= 2) {
+          a.block_table_stride = width - 1;
+          ok = false;
+        }
+        break;
+      case 12:
+        a.reserved0 = 1;
+        ok = false;
+        break;
       case 13:
-        if (num_seqs > 0) { lens[Pick(0, num_seqs - 1)] = Pick(0, 1) ? -1 : cfg.max_context_len + Pick(1, 9); ok = false; }
+        if (num_seqs > 0) {
+          lens[Pick(0, num_seqs - 1)] = Pick(0, 1) ? -1 : cfg.max_context_len + Pick(1, 9);
+          ok = false;
+        }
         break;
       case 14:
         if (num_seqs > 0) {
@@ -1107,15 +1300,24 @@ class Harness {
       case 16:
         if (num_seqs > 0) {
           switch (Pick(0, 3)) {
-            case 0: a.q = nullptr; break;
-            case 1: a.block_table = nullptr; break;
-            case 2: a.seq_lens = nullptr; break;
-            default: null_out = true; break;
+            case 0:
+              a.q = nullptr;
+              break;
+            case 1:
+              a.block_table = nullptr;
+              break;
+            case 2:
+              a.seq_lens = nullptr;
+              break;
+            default:
+              null_out = true;
+              break;
           }
           ok = false;
         }
         break;
-      default: break;
+      default:
+        break;
     }
 
     const uint8_t kPoison = 0xA7;
@@ -1127,7 +1329,8 @@ class Harness {
 
     const int32_t got = Code(kvp_decode(d.dec, &a, nullptr));
     EXPECT_CODE("kvp_decode", got, ok ? KVP_OK : KVP_ERR_INVALID_ARGUMENT);
-    auto untouched = [&](const std::vector<uint8_t>& o, const std::vector<float>& l, size_t from_row) {
+    auto untouched = [&](const std::vector<uint8_t>& o, const std::vector<float>& l,
+                         size_t from_row) {
       for (size_t i = 0; i < o.size(); ++i) {
         const int64_t elem = static_cast<int64_t>(i) / ob;
         const int64_t row = o_stride ? elem / o_stride : elem / dense;
@@ -1136,7 +1339,8 @@ class Harness {
         if (!in_row || !ok) CHECK(o[i] == kPoison, "decode wrote out byte %zu outside its rows", i);
       }
       const uint8_t* lb = reinterpret_cast<const uint8_t*>(l.data());
-      for (size_t i = ok && a.lse ? (l.size() - 1) * sizeof(float) : 0; i < l.size() * sizeof(float); ++i) {
+      for (size_t i = ok && a.lse ? (l.size() - 1) * sizeof(float) : 0;
+           i < l.size() * sizeof(float); ++i) {
         CHECK(lb[i] == kPoison, "decode wrote lse byte %zu it should not have", i);
       }
     };
@@ -1158,8 +1362,8 @@ class Harness {
             if (sees_nothing) {
               CHECK(x == 0.0, "seq %d query %d sees nothing but outputs %g", s, i, x);
             } else if (cfg.out_dtype != KVP_DTYPE_FP16) {  // FP16 may overflow honestly
-              CHECK(std::isfinite(x), "seq %d query %d head %d: output %g from finite inputs", s,
-                    i, h, x);
+              CHECK(std::isfinite(x), "seq %d query %d head %d: output %g from finite inputs", s, i,
+                    h, x);
             }
           }
           if (a.lse) {
@@ -1233,14 +1437,16 @@ class Harness {
     std::set<int32_t> dsts;
     for (int32_t i = 0; ok && i < num; ++i) {
       const int32_t s = pairs[2 * i], d = pairs[2 * i + 1];
-      if (s < 0 || s >= c.g.blocks || d < 0 || d >= c.g.blocks || !dsts.insert(d).second) ok = false;
+      if (s < 0 || s >= c.g.blocks || d < 0 || d >= c.g.blocks || !dsts.insert(d).second)
+        ok = false;
     }
     for (int32_t i = 0; ok && i < num; ++i) {
       if (dsts.count(pairs[2 * i])) ok = false;
     }
-    EXPECT_CODE("kvp_cache_copy_blocks",
-                Code(kvp_cache_copy_blocks(c.cache, null_pairs ? nullptr : pairs.data(), num, nullptr)),
-                ok ? KVP_OK : KVP_ERR_INVALID_ARGUMENT);
+    EXPECT_CODE(
+        "kvp_cache_copy_blocks",
+        Code(kvp_cache_copy_blocks(c.cache, null_pairs ? nullptr : pairs.data(), num, nullptr)),
+        ok ? KVP_OK : KVP_ERR_INVALID_ARGUMENT);
     if (!ok) return;
     const std::vector<uint8_t> before = c.shadow;
     for (int32_t i = 0; i < num; ++i) ShadowCopyBlock(c, pairs[2 * i + 1], before, c, pairs[2 * i]);
@@ -1277,7 +1483,8 @@ class Harness {
                 ok ? KVP_OK : KVP_ERR_INVALID_ARGUMENT);
     if (!ok) return;
     const std::vector<uint8_t> before = src->shadow;
-    for (int32_t i = 0; i < n; ++i) ShadowCopyBlock(*dst, pairs[2 * i + 1], before, *src, pairs[2 * i]);
+    for (int32_t i = 0; i < n; ++i)
+      ShadowCopyBlock(*dst, pairs[2 * i + 1], before, *src, pairs[2 * i]);
   }
 
   // Layout, info and statistics queries, with bad layers and struct sizes.
@@ -1316,7 +1523,8 @@ class Harness {
                 "kvp_cache_get_info disagrees with the configuration");
           if (c.alloc) {
             CHECK(static_cast<size_t>(info.total_bytes) <= c.alloc->live.begin()->second,
-                  "total_bytes %lld exceeds the allocation", static_cast<long long>(info.total_bytes));
+                  "total_bytes %lld exceeds the allocation",
+                  static_cast<long long>(info.total_bytes));
           }
         } else {
           CHECK(info.num_blocks == static_cast<int32_t>(0xCDCDCDCD), "a failed get_info wrote");
@@ -1368,31 +1576,81 @@ class Harness {
     const int32_t pairs[2] = {0, 0};
     kvp_error* e = nullptr;
     switch (Pick(0, 24)) {
-      case 0: e = kvp_seq_create(nullptr, &i64); break;
-      case 1: e = kvp_seq_create(c.cache, nullptr); break;
-      case 2: e = kvp_seq_fork(nullptr, id, &i64); break;
-      case 3: e = kvp_seq_fork(c.cache, id, nullptr); break;
-      case 4: e = kvp_seq_append(nullptr, id, 1, nullptr, nullptr); break;
-      case 5: e = kvp_seq_truncate(nullptr, id, 0); break;
-      case 6: e = kvp_seq_free(nullptr, id); break;
-      case 7: e = kvp_seq_length(nullptr, id, &i32); break;
-      case 8: e = kvp_seq_length(c.cache, id, nullptr); break;
-      case 9: e = kvp_cache_num_free_blocks(nullptr, &i32); break;
-      case 10: e = kvp_cache_num_free_blocks(c.cache, nullptr); break;
-      case 11: e = kvp_cache_export_block_table(nullptr, &id, 1, 4, 4, nullptr, nullptr); break;
-      case 12: e = kvp_cache_get_layout(c.cache, 0, nullptr); break;
-      case 13: e = kvp_cache_get_info(nullptr, &info); break;
-      case 14: e = kvp_cache_get_write_stats(c.cache, nullptr); break;
-      case 15: e = kvp_cache_reset_write_stats(nullptr); break;
-      case 16: e = kvp_cache_write(nullptr, &w, nullptr); break;
-      case 17: e = kvp_cache_write(c.cache, nullptr, nullptr); break;
-      case 18: e = kvp_cache_copy_blocks(nullptr, pairs, 1, nullptr); break;
-      case 19: e = kvp_cache_transfer_blocks(nullptr, c.cache, pairs, 1, nullptr); break;
-      case 20: e = kvp_cache_transfer_blocks(c.cache, nullptr, pairs, 1, nullptr); break;
-      case 21: e = kvp_decode_workspace_size(c.cache, &dc, nullptr); break;
-      case 22: e = kvp_decoder_create(nullptr, &dc, &dec); break;
-      case 23: e = kvp_decode(nullptr, &da, nullptr); break;
-      default: e = kvp_cache_create(nullptr, &cache); break;
+      case 0:
+        e = kvp_seq_create(nullptr, &i64);
+        break;
+      case 1:
+        e = kvp_seq_create(c.cache, nullptr);
+        break;
+      case 2:
+        e = kvp_seq_fork(nullptr, id, &i64);
+        break;
+      case 3:
+        e = kvp_seq_fork(c.cache, id, nullptr);
+        break;
+      case 4:
+        e = kvp_seq_append(nullptr, id, 1, nullptr, nullptr);
+        break;
+      case 5:
+        e = kvp_seq_truncate(nullptr, id, 0);
+        break;
+      case 6:
+        e = kvp_seq_free(nullptr, id);
+        break;
+      case 7:
+        e = kvp_seq_length(nullptr, id, &i32);
+        break;
+      case 8:
+        e = kvp_seq_length(c.cache, id, nullptr);
+        break;
+      case 9:
+        e = kvp_cache_num_free_blocks(nullptr, &i32);
+        break;
+      case 10:
+        e = kvp_cache_num_free_blocks(c.cache, nullptr);
+        break;
+      case 11:
+        e = kvp_cache_export_block_table(nullptr, &id, 1, 4, 4, nullptr, nullptr);
+        break;
+      case 12:
+        e = kvp_cache_get_layout(c.cache, 0, nullptr);
+        break;
+      case 13:
+        e = kvp_cache_get_info(nullptr, &info);
+        break;
+      case 14:
+        e = kvp_cache_get_write_stats(c.cache, nullptr);
+        break;
+      case 15:
+        e = kvp_cache_reset_write_stats(nullptr);
+        break;
+      case 16:
+        e = kvp_cache_write(nullptr, &w, nullptr);
+        break;
+      case 17:
+        e = kvp_cache_write(c.cache, nullptr, nullptr);
+        break;
+      case 18:
+        e = kvp_cache_copy_blocks(nullptr, pairs, 1, nullptr);
+        break;
+      case 19:
+        e = kvp_cache_transfer_blocks(nullptr, c.cache, pairs, 1, nullptr);
+        break;
+      case 20:
+        e = kvp_cache_transfer_blocks(c.cache, nullptr, pairs, 1, nullptr);
+        break;
+      case 21:
+        e = kvp_decode_workspace_size(c.cache, &dc, nullptr);
+        break;
+      case 22:
+        e = kvp_decoder_create(nullptr, &dc, &dec);
+        break;
+      case 23:
+        e = kvp_decode(nullptr, &da, nullptr);
+        break;
+      default:
+        e = kvp_cache_create(nullptr, &cache);
+        break;
     }
     EXPECT_CODE("a call with a NULL handle or out-parameter", Code(e), KVP_ERR_INVALID_ARGUMENT);
     CHECK(i32 == -9 && i64 == -9 && u64 == 9 && dec == reinterpret_cast<kvp_decoder*>(0x1) &&

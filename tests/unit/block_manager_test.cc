@@ -26,17 +26,13 @@ int Uniform(std::mt19937& rng, int lo, int hi) {  // Inclusive.
   return std::uniform_int_distribution<int>(lo, hi)(rng);
 }
 
-bool Chance(std::mt19937& rng, double p) {
-  return std::bernoulli_distribution(p)(rng);
-}
+bool Chance(std::mt19937& rng, double p) { return std::bernoulli_distribution(p)(rng); }
 
 bool Contains(const absl::Status& st, const std::string& text) {
   return std::string(st.message()).find(text) != std::string::npos;
 }
 
-int32_t CeilDiv(int64_t a, int32_t b) {
-  return static_cast<int32_t>((a + b - 1) / b);
-}
+int32_t CeilDiv(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
 absl::Status NoCopy(absl::Span<const BlockCopy> copies) {
   // Callers that use this expect no copy-on-write.
@@ -48,10 +44,8 @@ absl::Status AnyCopy(absl::Span<const BlockCopy>) { return absl::OkStatus(); }
 
 // Appends that must succeed. Unless `allow_copy`, the append must not need a
 // copy-on-write either.
-std::vector<int64_t> MustAppend(BlockManager& bm, int64_t seq, int32_t n,
-                                bool allow_copy = false) {
-  absl::StatusOr<std::vector<int64_t>> slots =
-      bm.Append(seq, n, allow_copy ? AnyCopy : NoCopy);
+std::vector<int64_t> MustAppend(BlockManager& bm, int64_t seq, int32_t n, bool allow_copy = false) {
+  absl::StatusOr<std::vector<int64_t>> slots = bm.Append(seq, n, allow_copy ? AnyCopy : NoCopy);
   EXPECT_TRUE(slots.ok()) << slots.status();
   return slots.ok() ? *slots : std::vector<int64_t>();
 }
@@ -93,8 +87,7 @@ State Capture(const BlockManager& bm, const std::vector<int64_t>& ids) {
   State s;
   s.num_free = bm.NumFreeBlocks();
   s.num_seqs = bm.NumSequences();
-  for (int32_t b = 0; b < bm.num_blocks(); ++b)
-    s.refs.push_back(bm.RefCount(b));
+  for (int32_t b = 0; b < bm.num_blocks(); ++b) s.refs.push_back(bm.RefCount(b));
   for (int64_t id : ids) s.seqs[id] = {MustLength(bm, id), MustBlocks(bm, id)};
   return s;
 }
@@ -131,16 +124,15 @@ TEST(BlockManagerTest, AppendSlotsAcrossBlockBoundaries) {
     while (true) {
       const int which = Uniform(rng, 0, 1);
       const int32_t n = Uniform(rng, 1, 2 * bs + 3);
-      const int32_t need = CeilDiv(model_len[which] + n, bs) -
-                           static_cast<int32_t>(model_blocks[which].size());
+      const int32_t need =
+          CeilDiv(model_len[which] + n, bs) - static_cast<int32_t>(model_blocks[which].size());
       if (next_block + need > num_blocks) break;
       std::vector<int64_t> expected;
       for (int32_t pos = model_len[which]; pos < model_len[which] + n; ++pos) {
         if (pos / bs == static_cast<int32_t>(model_blocks[which].size())) {
           model_blocks[which].push_back(next_block++);
         }
-        expected.push_back(int64_t{model_blocks[which][pos / bs]} * bs +
-                           pos % bs);
+        expected.push_back(int64_t{model_blocks[which][pos / bs]} * bs + pos % bs);
       }
       model_len[which] += n;
       EXPECT_EQ(MustAppend(bm, ids[which], n), expected);
@@ -164,16 +156,15 @@ TEST(BlockManagerTest, SingleSequenceSlotsAreConsecutive) {
   // One sequence in a fresh manager gets blocks 0, 1, 2, ...: slot == position.
   int64_t len = 0;
   while (len < 32 * bs) {
-    const int32_t n = std::min<int32_t>(Uniform(rng, 1, 3 * bs),
-                                        static_cast<int32_t>(32 * bs - len));
+    const int32_t n =
+        std::min<int32_t>(Uniform(rng, 1, 3 * bs), static_cast<int32_t>(32 * bs - len));
     const std::vector<int64_t> slots = MustAppend(bm, s, n);
     ASSERT_EQ(slots.size(), static_cast<size_t>(n));
     for (int32_t i = 0; i < n; ++i) EXPECT_EQ(slots[i], len + i);
     len += n;
   }
   EXPECT_EQ(bm.NumFreeBlocks(), 0);
-  EXPECT_EQ(bm.Append(s, 1, NoCopy).status().code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(bm.Append(s, 1, NoCopy).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(BlockManagerTest, ForkSharesBlocks) {
@@ -219,8 +210,7 @@ TEST(BlockManagerTest, CopyOnWriteOnSharedPartialBlock) {
   KVPAGE_SEEDED_RNG(rng);
   for (int32_t bs : {8, 16, 32}) {
     for (bool parent_appends : {true, false}) {
-      SCOPED_TRACE(absl::StrCat("block_size = ", bs,
-                                " parent_appends = ", parent_appends));
+      SCOPED_TRACE(absl::StrCat("block_size = ", bs, " parent_appends = ", parent_appends));
       BlockManager bm(64, bs);
       const int32_t full = Uniform(rng, 0, 10);
       const int32_t rem = Uniform(rng, 1, bs - 1);
@@ -288,12 +278,11 @@ TEST(BlockManagerTest, NoCopyWhenLastBlockFullOrUnshared) {
     const std::vector<int32_t> shared = MustBlocks(bm, parent);
     int calls = 0;
     absl::StatusOr<std::vector<int64_t>> slots =
-        bm.Append(parent, Uniform(rng, 1, 2 * bs),
-                  [&](absl::Span<const BlockCopy> copies) {
-                    ++calls;
-                    EXPECT_TRUE(copies.empty());
-                    return absl::OkStatus();
-                  });
+        bm.Append(parent, Uniform(rng, 1, 2 * bs), [&](absl::Span<const BlockCopy> copies) {
+          ++calls;
+          EXPECT_TRUE(copies.empty());
+          return absl::OkStatus();
+        });
     ASSERT_TRUE(slots.ok()) << slots.status();
     EXPECT_EQ(calls, 1);  // Always called for n > 0, here with no copies.
     for (int32_t b : shared) EXPECT_EQ(bm.RefCount(b), 2);
@@ -355,8 +344,7 @@ TEST(BlockManagerTest, TruncateReleasesBlocksAndAppendReallocates) {
     EXPECT_EQ(MustLength(bm, s), cut);
     const int32_t keep = CeilDiv(cut, bs);
     const std::vector<int32_t> kept = MustBlocks(bm, s);
-    EXPECT_EQ(kept,
-              std::vector<int32_t>(blocks.begin(), blocks.begin() + keep));
+    EXPECT_EQ(kept, std::vector<int32_t>(blocks.begin(), blocks.begin() + keep));
     EXPECT_EQ(bm.NumFreeBlocks(), num_blocks - keep);
     for (size_t i = 0; i < blocks.size(); ++i) {
       EXPECT_EQ(bm.RefCount(blocks[i]), static_cast<int32_t>(i) < keep ? 1 : 0);
@@ -432,8 +420,7 @@ TEST(BlockManagerTest, FreeAndUnknownIds) {
   EXPECT_GT(c, b);
 
   // Every method names the id it does not know.
-  for (int64_t bad :
-       {a, b, int64_t{0}, int64_t{-1}, c + Uniform(rng, 1, 1000)}) {
+  for (int64_t bad : {a, b, int64_t{0}, int64_t{-1}, c + Uniform(rng, 1, 1000)}) {
     SCOPED_TRACE(absl::StrCat("id = ", bad));
     const std::string msg = absl::StrCat("seq_id ", bad, " does not exist");
     const State before = Capture(bm, {c});
@@ -469,8 +456,7 @@ TEST(BlockManagerTest, NegativeTokenCount) {
   for (int32_t n : {-1, -3, -Uniform(rng, 2, 1 << 30), INT32_MIN}) {
     absl::Status st = bm.Append(s, n, NoCopy).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_TRUE(Contains(st, absl::StrCat("num_tokens must be >= 0, got ", n)))
-        << st;
+    EXPECT_TRUE(Contains(st, absl::StrCat("num_tokens must be >= 0, got ", n))) << st;
   }
   ExpectSameState(before, Capture(bm, {s}));
 }
@@ -486,8 +472,7 @@ TEST(BlockManagerTest, LengthOverflowIsRejected) {
   const int32_t len = Uniform(rng, 1, 1000);
   MustAppend(bm, s, len);
   const State before = Capture(bm, {s});
-  for (int32_t n : {INT32_MAX, INT32_MAX - len + 1,
-                    Uniform(rng, INT32_MAX - len + 1, INT32_MAX)}) {
+  for (int32_t n : {INT32_MAX, INT32_MAX - len + 1, Uniform(rng, INT32_MAX - len + 1, INT32_MAX)}) {
     absl::Status st = bm.Append(s, n, NoCopy).status();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_TRUE(Contains(st, absl::StrCat(n))) << st;
@@ -526,8 +511,7 @@ TEST(BlockManagerTest, OutOfBlocksChangesNothing) {
     ExpectSameState(before, Capture(bm, ids));
 
     // A far too large request, and one of INT32_MAX tokens.
-    for (int32_t big :
-         {Uniform(rng, num_free * bs + 1, 1 << 28), INT32_MAX - len}) {
+    for (int32_t big : {Uniform(rng, num_free * bs + 1, 1 << 28), INT32_MAX - len}) {
       st = bm.Append(child, big, NoCopy).status();
       EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
       ExpectSameState(before, Capture(bm, ids));
@@ -630,23 +614,20 @@ TEST(BlockManagerTest, ExportBlockTable) {
   constexpr int32_t kPoison = -7777;
   std::vector<int32_t> table(ids.size() * stride, kPoison);
   std::vector<int32_t> lens(ids.size(), kPoison);
-  ASSERT_TRUE(
-      bm.ExportBlockTable(ids, width, stride, table.data(), lens.data()).ok());
+  ASSERT_TRUE(bm.ExportBlockTable(ids, width, stride, table.data(), lens.data()).ok());
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::vector<int32_t> blocks = MustBlocks(bm, ids[i]);
     EXPECT_EQ(lens[i], MustLength(bm, ids[i]));
     for (int64_t j = 0; j < stride; ++j) {
-      const int32_t expected = j < static_cast<int64_t>(blocks.size())
-                                   ? blocks[j]
-                               : j < width ? 0
-                                           : kPoison;
+      const int32_t expected = j < static_cast<int64_t>(blocks.size()) ? blocks[j]
+                               : j < width                             ? 0
+                                                                       : kPoison;
       EXPECT_EQ(table[i * stride + j], expected) << "row " << i << " col " << j;
     }
   }
   // lens may be null; an empty list may come with a null table.
   std::vector<int32_t> table2(ids.size() * width, kPoison);
-  ASSERT_TRUE(
-      bm.ExportBlockTable(ids, width, width, table2.data(), nullptr).ok());
+  ASSERT_TRUE(bm.ExportBlockTable(ids, width, width, table2.data(), nullptr).ok());
   for (size_t i = 0; i < ids.size(); ++i) {
     for (int32_t j = 0; j < width; ++j) {
       EXPECT_EQ(table2[i * width + j], table[i * stride + j]);
@@ -669,18 +650,15 @@ TEST(BlockManagerTest, ExportBlockTableErrorsWriteNothing) {
   std::sort(ids.begin(), ids.end(), [&](int64_t a, int64_t b) {
     return MustBlocks(bm, a).size() < MustBlocks(bm, b).size();
   });
-  const int32_t widest =
-      static_cast<int32_t>(MustBlocks(bm, ids.back()).size());
+  const int32_t widest = static_cast<int32_t>(MustBlocks(bm, ids.back()).size());
   constexpr int32_t kPoison = -7777;
   const int32_t width = widest + 2;
   const int64_t stride = width + 1;
   std::vector<int32_t> table(ids.size() * stride, kPoison);
   std::vector<int32_t> lens(ids.size(), kPoison);
   auto untouched = [&] {
-    return std::all_of(table.begin(), table.end(),
-                       [](int32_t v) { return v == kPoison; }) &&
-           std::all_of(lens.begin(), lens.end(),
-                       [](int32_t v) { return v == kPoison; });
+    return std::all_of(table.begin(), table.end(), [](int32_t v) { return v == kPoison; }) &&
+           std::all_of(lens.begin(), lens.end(), [](int32_t v) { return v == kPoison; });
   };
 
   struct Case {
@@ -692,26 +670,19 @@ TEST(BlockManagerTest, ExportBlockTableErrorsWriteNothing) {
   with_unknown.push_back(ids.back() + 1000);
   const int32_t too_narrow = widest - 1;
   // Ties are possible: the first sequence over the limit is the one named.
-  const int64_t first_too_wide =
-      *std::find_if(ids.begin(), ids.end(), [&](int64_t id) {
-        return static_cast<int32_t>(MustBlocks(bm, id).size()) == widest;
-      });
+  const int64_t first_too_wide = *std::find_if(ids.begin(), ids.end(), [&](int64_t id) {
+    return static_cast<int32_t>(MustBlocks(bm, id).size()) == widest;
+  });
   const int32_t neg = -Uniform(rng, 1, 100);
   std::vector<Case> cases = {
-      {"null table",
-       bm.ExportBlockTable(ids, width, stride, nullptr, lens.data()), "table"},
-      {"negative width",
-       bm.ExportBlockTable(ids, neg, stride, table.data(), lens.data()),
+      {"null table", bm.ExportBlockTable(ids, width, stride, nullptr, lens.data()), "table"},
+      {"negative width", bm.ExportBlockTable(ids, neg, stride, table.data(), lens.data()),
        absl::StrCat(neg)},
-      {"stride < width",
-       bm.ExportBlockTable(ids, width, width - 1, table.data(), lens.data()),
+      {"stride < width", bm.ExportBlockTable(ids, width, width - 1, table.data(), lens.data()),
        absl::StrCat(width - 1)},
-      {"unknown id",
-       bm.ExportBlockTable(with_unknown, width, stride, table.data(),
-                           lens.data()),
+      {"unknown id", bm.ExportBlockTable(with_unknown, width, stride, table.data(), lens.data()),
        absl::StrCat("seq_id ", ids.back() + 1000, " does not exist")},
-      {"too many blocks",
-       bm.ExportBlockTable(ids, too_narrow, stride, table.data(), lens.data()),
+      {"too many blocks", bm.ExportBlockTable(ids, too_narrow, stride, table.data(), lens.data()),
        absl::StrCat("seq_id ", first_too_wide, " has ", widest,
                     " blocks, more than max_blocks_per_seq = ", too_narrow)},
   };
@@ -754,8 +725,7 @@ struct ModelStats {
 
 class ModelRun {
  public:
-  ModelRun(int32_t num_blocks, int32_t block_size, uint32_t seed,
-           ModelStats* stats)
+  ModelRun(int32_t num_blocks, int32_t block_size, uint32_t seed, ModelStats* stats)
       : nb_(num_blocks),
         bs_(block_size),
         rng_(seed),
@@ -801,8 +771,7 @@ class ModelRun {
     if (!dead_.empty() && Chance(rng_, 0.7)) {
       return dead_[Uniform(rng_, 0, static_cast<int>(dead_.size()) - 1)];
     }
-    return Chance(rng_, 0.5) ? -Uniform(rng_, 0, 5)
-                             : max_id_ + Uniform(rng_, 1, 100);
+    return Chance(rng_, 0.5) ? -Uniform(rng_, 0, 5) : max_id_ + Uniform(rng_, 1, 100);
   }
 
   void Step() {
@@ -862,12 +831,10 @@ class ModelRun {
       n = Uniform(rng_, 1, nb_ * bs_ * 3 / 2 + 1);  // Often too many.
     }
     const std::vector<int32_t> refs = ModelRefs();
-    const int32_t num_free =
-        static_cast<int32_t>(std::count(refs.begin(), refs.end(), 0));
+    const int32_t num_free = static_cast<int32_t>(std::count(refs.begin(), refs.end(), 0));
     const bool cow = s.length % bs_ != 0 && refs[s.blocks.back()] > 1;
-    const int32_t needed = CeilDiv(int64_t{s.length} + n, bs_) -
-                           static_cast<int32_t>(s.blocks.size()) +
-                           (cow ? 1 : 0);
+    const int32_t needed =
+        CeilDiv(int64_t{s.length} + n, bs_) - static_cast<int32_t>(s.blocks.size()) + (cow ? 1 : 0);
     const bool fail_copy = Chance(rng_, 0.1);
 
     int calls = 0;
@@ -889,8 +856,7 @@ class ModelRun {
               std::copy_n(phys_.begin() + int64_t{bc.src} * bs_, bs_, dst);
             }
           }
-          return fail_copy ? absl::AbortedError("injected copy failure")
-                           : absl::OkStatus();
+          return fail_copy ? absl::AbortedError("injected copy failure") : absl::OkStatus();
         });
 
     if (n == 0) {
@@ -900,8 +866,7 @@ class ModelRun {
       return;
     }
     if (needed > num_free) {
-      EXPECT_EQ(slots.status().code(), absl::StatusCode::kResourceExhausted)
-          << slots.status();
+      EXPECT_EQ(slots.status().code(), absl::StatusCode::kResourceExhausted) << slots.status();
       EXPECT_EQ(calls, 0);
       ++stats_->appends_exhausted;
       return;  // CheckInvariants then shows that nothing changed.
@@ -941,8 +906,7 @@ class ModelRun {
       } else {
         ASSERT_EQ(index, s.blocks.size());
         ASSERT_EQ(refs[block], 0) << "new block " << block << " is not free";
-        ASSERT_TRUE(fresh.insert(block).second)
-            << "block " << block << " twice";
+        ASSERT_TRUE(fresh.insert(block).second) << "block " << block << " twice";
         s.blocks.push_back(block);
       }
       const uint64_t token = next_token_++;
@@ -956,8 +920,8 @@ class ModelRun {
     const int64_t id = RandomLive();
     ModelSeq& s = model_[id];
     if (Chance(rng_, 0.1)) {
-      const int32_t bad = Chance(rng_, 0.5) ? s.length + Uniform(rng_, 1, 100)
-                                            : -Uniform(rng_, 1, 100);
+      const int32_t bad =
+          Chance(rng_, 0.5) ? s.length + Uniform(rng_, 1, 100) : -Uniform(rng_, 1, 100);
       absl::Status st = bm_.Truncate(id, bad);
       EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
       EXPECT_TRUE(Contains(st, absl::StrCat(bad))) << st;
@@ -990,8 +954,7 @@ class ModelRun {
     int32_t widest = 0;
     for (int64_t id : ids) {
       if (model_.count(id)) {
-        widest =
-            std::max(widest, static_cast<int32_t>(model_[id].blocks.size()));
+        widest = std::max(widest, static_cast<int32_t>(model_[id].blocks.size()));
       }
     }
     int32_t width = widest + Uniform(rng_, 0, 2);
@@ -1004,8 +967,7 @@ class ModelRun {
     constexpr int32_t kPoison = -7777;
     std::vector<int32_t> table(ids.size() * stride + 1, kPoison);
     std::vector<int32_t> lens(ids.size() + 1, kPoison);
-    absl::Status st =
-        bm_.ExportBlockTable(ids, width, stride, table.data(), lens.data());
+    absl::Status st = bm_.ExportBlockTable(ids, width, stride, table.data(), lens.data());
     if (unknown || narrow) {
       EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
       for (int32_t v : table) ASSERT_EQ(v, kPoison);
@@ -1019,12 +981,10 @@ class ModelRun {
       const ModelSeq& s = model_[ids[i]];
       EXPECT_EQ(lens[i], s.length);
       for (int64_t j = 0; j < stride; ++j) {
-        const int32_t expected = j < static_cast<int64_t>(s.blocks.size())
-                                     ? s.blocks[j]
-                                 : j < width ? 0
-                                             : kPoison;
-        ASSERT_EQ(table[i * stride + j], expected)
-            << "row " << i << " col " << j;
+        const int32_t expected = j < static_cast<int64_t>(s.blocks.size()) ? s.blocks[j]
+                                 : j < width                               ? 0
+                                                                           : kPoison;
+        ASSERT_EQ(table[i * stride + j], expected) << "row " << i << " col " << j;
       }
     }
     EXPECT_EQ(table.back(), kPoison);
@@ -1063,8 +1023,7 @@ class ModelRun {
       }
     }
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_TRUE(Contains(st, absl::StrCat("seq_id ", id, " does not exist")))
-        << st;
+    EXPECT_TRUE(Contains(st, absl::StrCat("seq_id ", id, " does not exist"))) << st;
   }
 
   void CheckInvariants() {
@@ -1086,8 +1045,7 @@ class ModelRun {
       for (int32_t b : s.blocks) ASSERT_GT(refs[b], 0);
       // What the sequence reads through its blocks is what it wrote.
       for (int32_t pos = 0; pos < s.length; ++pos) {
-        ASSERT_EQ(phys_[int64_t{s.blocks[pos / bs_]} * bs_ + pos % bs_],
-                  s.tokens[pos])
+        ASSERT_EQ(phys_[int64_t{s.blocks[pos / bs_]} * bs_ + pos % bs_], s.tokens[pos])
             << "position " << pos;
       }
     }
@@ -1184,9 +1142,7 @@ TEST(BlockManagerThreadTest, ConcurrentOperations) {
         }
       }
     };
-    auto pick = [&] {
-      return Uniform(trng, 0, static_cast<int>(own.size()) - 1);
-    };
+    auto pick = [&] { return Uniform(trng, 0, static_cast<int>(own.size()) - 1); };
 
     for (int step = 0; step < kSteps && !failed; ++step) {
       const int r = Uniform(trng, 0, 99);
@@ -1205,31 +1161,28 @@ TEST(BlockManagerThreadTest, ConcurrentOperations) {
         verify(own.back());
       } else if (r < 60) {
         Own& o = own[pick()];
-        const int32_t n = Chance(trng, 0.05) ? Uniform(trng, 1, nb * bs / 4)
-                                             : Uniform(trng, 0, 3 * bs);
+        const int32_t n =
+            Chance(trng, 0.05) ? Uniform(trng, 1, nb * bs / 4) : Uniform(trng, 0, 3 * bs);
         absl::StatusOr<std::vector<int64_t>> slots =
             bm.Append(o.id, n, [&](absl::Span<const BlockCopy> c) {
               for (const BlockCopy& bc : c) {
                 for (int32_t i = 0; i < bs; ++i) {
                   phys[int64_t{bc.dst} * bs + i].store(
-                      phys[int64_t{bc.src} * bs + i].load(
-                          std::memory_order_relaxed),
+                      phys[int64_t{bc.src} * bs + i].load(std::memory_order_relaxed),
                       std::memory_order_relaxed);
                 }
               }
               return absl::OkStatus();
             });
         if (slots.ok()) {
-          if (slots->size() != static_cast<size_t>(n))
-            return fail("slot count");
+          if (slots->size() != static_cast<size_t>(n)) return fail("slot count");
           for (int64_t slot : *slots) {
             const uint64_t token = (uint64_t(thread + 1) << 48) | ++counter;
             phys[slot].store(token, std::memory_order_relaxed);
             o.tokens.push_back(token);
           }
           ++appends_ok;
-        } else if (slots.status().code() ==
-                   absl::StatusCode::kResourceExhausted) {
+        } else if (slots.status().code() == absl::StatusCode::kResourceExhausted) {
           ++appends_exhausted;
         } else {
           return fail(slots.status().ToString());
@@ -1259,28 +1212,23 @@ TEST(BlockManagerThreadTest, ConcurrentOperations) {
         }
         std::vector<int32_t> table(ids.size() * width + 1, -1);
         std::vector<int32_t> lens(ids.size() + 1, -1);
-        absl::Status st =
-            bm.ExportBlockTable(ids, width, width, table.data(), lens.data());
+        absl::Status st = bm.ExportBlockTable(ids, width, width, table.data(), lens.data());
         if (!st.ok()) return fail(st.ToString());
         for (size_t i = 0; i < ids.size(); ++i) {
           if (lens[i] != static_cast<int32_t>(own[i].tokens.size())) {
             return fail("exported length");
           }
           for (int32_t j = 0; j < width; ++j) {
-            const int32_t want = j < static_cast<int32_t>(expected[i].size())
-                                     ? expected[i][j]
-                                     : 0;
+            const int32_t want = j < static_cast<int32_t>(expected[i].size()) ? expected[i][j] : 0;
             if (table[i * width + j] != want) return fail("exported table");
           }
         }
       } else {
         // Reads that race with other threads' changes: any answer must be
         // well formed.
-        const int64_t id =
-            Uniform(trng, 1, static_cast<int>(max_id.load()) + 1);
+        const int64_t id = Uniform(trng, 1, static_cast<int>(max_id.load()) + 1);
         absl::StatusOr<int32_t> len = bm.Length(id);
-        if (!len.ok() &&
-            len.status().code() != absl::StatusCode::kInvalidArgument) {
+        if (!len.ok() && len.status().code() != absl::StatusCode::kInvalidArgument) {
           return fail(len.status().ToString());
         }
         const int32_t num_free = bm.NumFreeBlocks();
@@ -1302,8 +1250,7 @@ TEST(BlockManagerThreadTest, ConcurrentOperations) {
 
   EXPECT_EQ(bm.NumSequences(), 0);
   EXPECT_EQ(bm.NumFreeBlocks(), nb);
-  for (int32_t b = 0; b < nb; ++b)
-    EXPECT_EQ(bm.RefCount(b), 0) << "block " << b;
+  for (int32_t b = 0; b < nb; ++b) EXPECT_EQ(bm.RefCount(b), 0) << "block " << b;
   EXPECT_GT(appends_ok.load(), 0);
   RecordProperty("appends_ok", appends_ok.load());
   RecordProperty("appends_exhausted", appends_exhausted.load());

@@ -38,6 +38,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -47,8 +48,10 @@
 #include "gtest/gtest.h"
 #include "src/backend.h"
 #include "src/decode_partition.h"
+#include "src/decode_plan.h"
 #include "src/formats.h"
 #include "src/geometry.h"
+#include "src/manifest.h"
 #include "src/params.h"
 #include "tests/common/fresh_seed.h"
 
@@ -56,6 +59,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/launch.h"
+#include "tests/kernels/test_kernels.h"
 #endif
 
 namespace kvpage {
@@ -63,9 +67,12 @@ namespace {
 
 #if KVPAGE_HAVE_CUDA
 
-constexpr DType kCacheDTypes[] = {DType::kBF16, DType::kFP16, DType::kFP8E4M3, DType::kINT8,
-                                  DType::kINT4};
-constexpr int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
+// The test matrix is the manifest's (src/manifest.h): a reduced build
+// tests what it holds.
+constexpr auto& kCacheDTypes = kManifestKvDtypes;
+constexpr auto& kHeadSizes = kManifestHeadSizes;
+constexpr int kNumCacheDTypes = sizeof(kCacheDTypes) / sizeof(kCacheDTypes[0]);
+constexpr int kNumHeadSizes = sizeof(kHeadSizes) / sizeof(kHeadSizes[0]);
 constexpr int kBlockSizes[] = {8, 16, 32};
 constexpr DType kIoDTypes[] = {DType::kFP32, DType::kFP16, DType::kBF16};
 
@@ -79,6 +86,23 @@ int GpuComputeMajor() {
     return 0;
   }
   return major;
+}
+
+// Device 0 as the plan sees it (the H100's profile where there is none).
+DeviceProfile TestDevice() {
+  const absl::StatusOr<DeviceProfile> d = CudaDeviceProfile(0);
+  return d.ok() ? *d : DeviceProfile::H100();
+}
+
+// The partition kernel the plan runs on this device for `rows` rows per KV
+// head with `path` forced (where it exists) and the staged kernel allowed
+// or not.
+DecodeKernel CaseKernel(const CacheGeometry& geo, int32_t rows, DecodePath path,
+                        bool staged = true) {
+  DecodeTuning t;
+  t.path = path;
+  t.staged = staged;
+  return ChooseDecodeKernel(geo, rows, TestDevice(), t);
 }
 
 // One decode problem.
@@ -117,6 +141,10 @@ struct Case {
   float v_ramp = 0;
   int v_zero_tokens = 0;
   uint32_t seed = 0;
+  // Set: the decode runs through a CUDA backend made with this tuning (its
+  // own plan and workspace, as kvp_decode runs it), not a plan the test
+  // builds at partition_size.
+  std::optional<DecodeTuning> backend_tuning;
 
   std::string Describe() const {
     std::ostringstream os;
@@ -125,7 +153,7 @@ struct Case {
        << " qlen=" << query_len << " q=" << DTypeName(q_dtype) << " out=" << DTypeName(out_dtype)
        << " P=" << partition_size << " alibi=" << alibi << " smooth=" << smoothing << " lse=" << lse
        << " path=" << static_cast<int>(path) << " staged=" << staged << " window=" << window
-       << " cap=" << soft_cap
+       << " backend_tuning=" << (backend_tuning ? "yes" : "no") << " cap=" << soft_cap
        << " scale=" << sm_scale << " extra(seqs,qlen,ctx)=" << extra_seqs << "," << extra_query_len
        << "," << extra_context << " pad(q,out)=" << q_pad << "," << out_pad << " lens=[";
     for (size_t i = 0; i < lens.size(); ++i) os << (i ? "," : "") << lens[i];
@@ -143,18 +171,18 @@ class DeviceBuffer {
   ~DeviceBuffer() {
     if (ptr_ != nullptr) cudaFree(ptr_);
   }
-  DeviceBuffer(const DeviceBuffer &) = delete;
-  DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   template <typename T = void>
-  T *get() const {
-    return static_cast<T *>(ptr_);
+  T* get() const {
+    return static_cast<T*>(ptr_);
   }
   bool ok() const { return bytes_ == 0 || ptr_ != nullptr; }
   size_t size_hint() const { return bytes_; }
-  void Upload(const void *src) const {
+  void Upload(const void* src) const {
     if (bytes_ > 0) ASSERT_EQ(cudaMemcpy(ptr_, src, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
   }
-  void Download(void *dst) const {
+  void Download(void* dst) const {
     if (bytes_ > 0) ASSERT_EQ(cudaMemcpy(dst, ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
   }
   void Poison() const {
@@ -162,12 +190,12 @@ class DeviceBuffer {
   }
 
  private:
-  void *ptr_ = nullptr;
+  void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 
 template <typename T>
-std::unique_ptr<DeviceBuffer> ToDevice(const std::vector<T> &host) {
+std::unique_ptr<DeviceBuffer> ToDevice(const std::vector<T>& host) {
   auto d = std::make_unique<DeviceBuffer>(host.size() * sizeof(T));
   if (d->ok()) d->Upload(host.data());
   return d;
@@ -201,8 +229,11 @@ void PrintWorstRatios() {
 }
 
 // Runs one case on both backends and compares. Returns false on failure.
-void RunCase(const Case &c) {
+void RunCase(const Case& c) {
   SCOPED_TRACE(c.Describe());
+  if (!ManifestHasKvDtype(c.k) || !ManifestHasKvDtype(c.v) || !ManifestHasHeadSize(c.head_size)) {
+    GTEST_SKIP() << "not in this build's kernel manifest";
+  }
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
@@ -234,14 +265,14 @@ void RunCase(const Case &c) {
   geo.k_dtype = c.k;
   geo.v_dtype = c.v;
   std::vector<uint8_t> cache(static_cast<size_t>(geo.total_bytes()));
-  for (auto &b : cache) b = static_cast<uint8_t>(rng());  // stale garbage
+  for (auto& b : cache) b = static_cast<uint8_t>(rng());  // stale garbage
 
   std::vector<int32_t> perm(geo.num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   const int64_t table_stride = width + 1;
   std::vector<int32_t> table(std::max<int64_t>(1, num_seqs * table_stride));
-  for (auto &e : table)
+  for (auto& e : table)
     e = (rng() & 1) ? -1 - static_cast<int32_t>(rng() % 100)
                     : geo.num_blocks + static_cast<int32_t>(rng() % 100000);
   int next = 0;
@@ -252,20 +283,21 @@ void RunCase(const Case &c) {
     for (int t = 0; t < c.lens[s]; ++t) {
       slots.push_back(int64_t{table[s * table_stride + t / bs]} * bs + t % bs);
       v_mag.push_back(t < c.v_zero_tokens ? 0.0f
-                      : c.v_ramp == 0 ? 1.0f
-                                      : std::exp2(c.v_ramp * (static_cast<float>(t) / c.lens[s] - 0.5f)));
+                      : c.v_ramp == 0
+                          ? 1.0f
+                          : std::exp2(c.v_ramp * (static_cast<float>(t) / c.lens[s] - 0.5f)));
     }
   }
 
   std::vector<float> smoothing;
   if (c.smoothing) {
     smoothing.resize(static_cast<size_t>(hkv) * D);
-    for (auto &l : smoothing) l = 0.25f + 3.75f * uniform(rng);
+    for (auto& l : smoothing) l = 0.25f + 3.75f * uniform(rng);
   }
   // K with outlier channels and a per-token offset (exercises INT4's min
   // and the smoothing); V plain normal.
   std::vector<float> chan(static_cast<size_t>(hkv) * D);
-  for (auto &x : chan) x = uniform(rng) < 0.05f ? 8.0f : 1.0f;
+  for (auto& x : chan) x = uniform(rng) < 0.05f ? 8.0f : 1.0f;
   const int64_t ntok = static_cast<int64_t>(slots.size());
   std::vector<float> key(static_cast<size_t>(ntok) * hkv * D), value(key.size());
   for (int64_t t = 0; t < ntok; ++t) {
@@ -307,7 +339,7 @@ void RunCase(const Case &c) {
   std::vector<float> alibi;
   if (c.alibi) {
     alibi.resize(hq);
-    for (auto &a : alibi) a = uniform(rng);
+    for (auto& a : alibi) a = uniform(rng);
   }
 
   DecodeParams p{};
@@ -351,27 +383,33 @@ void RunCase(const Case &c) {
     ASSERT_TRUE(st.ok()) << st;
   }
 
-  // ---- The kernels, shaped as the host will shape them.
-  DecodeShape shape;
-  shape.max_num_seqs = num_seqs + c.extra_seqs;
-  shape.max_query_len = qlen + c.extra_query_len;
-  shape.partition_size = c.partition_size;
-  shape.max_partitions = (p.max_context_len + c.partition_size - 1) / c.partition_size;
-  shape.path = c.path;
-  shape.prefetch_k_steps = static_cast<int32_t>(rng() % 3);  // results must not depend on them
-  shape.prefetch_v_steps = static_cast<int32_t>(rng() % 3);
+  // ---- The kernels, planned as the host plans them, at the case's partition.
+  DecodePlan plan;
+  plan.max_num_seqs = num_seqs + c.extra_seqs;
+  plan.max_query_len = qlen + c.extra_query_len;
+  plan.partition_size = c.partition_size;
+  plan.max_partitions = (p.max_context_len + c.partition_size - 1) / c.partition_size;
+  plan.prefetch_k_steps = static_cast<int32_t>(rng() % 3);  // results must not depend on them
+  plan.prefetch_v_steps = static_cast<int32_t>(rng() % 3);
   // Mostly as the host launches on sm_90+: both kernels programmatic
   // dependents (the partition kernel of the delayed q copy below).
-  shape.dependent_launch = rng() % 4 != 0;
-  const int32_t cap_rows = c.group * shape.max_query_len;
-  const bool tc = kernels::DecodeUsesTensorCores(geo, cap_rows, c.path);
-  const bool staged_exists =
-      tc && GpuComputeMajor() >= 9 && kernels::StagedDecodeSupports(geo, cap_rows);
-  if (c.staged == 1) ASSERT_TRUE(staged_exists) << "no staged kernel for this case";
-  shape.staged = staged_exists && (c.staged == 1 || (c.staged == -1 && rng() % 4 != 0));
-  shape.direct_output = !shape.staged && kernels::PartitionKernelWritesOutput(geo, tc);
-  const size_t partials = static_cast<size_t>(shape.max_num_seqs) * shape.max_query_len * hq *
-                          std::max(shape.max_partitions, 1);
+  plan.dependent_launch = rng() % 4 != 0;
+  const int32_t cap_rows = c.group * plan.max_query_len;
+  plan.kernel =
+      c.backend_tuning
+          ? PlanDecode(geo,
+                       DecodeCapacity{hq, plan.max_num_seqs, p.max_context_len, plan.max_query_len},
+                       TestDevice(), *c.backend_tuning)
+                .kernel
+          : CaseKernel(geo, cap_rows, c.path, c.staged == 1 || (c.staged == -1 && rng() % 4 != 0));
+  if (c.staged == 1) {
+    ASSERT_EQ(plan.kernel, DecodeKernel::kTensorCoreStaged) << "no staged kernel for this case";
+  }
+  const kernels::DecodeKernelTraits traits = kernels::KernelTraits(plan.kernel, geo, cap_rows);
+  plan.threads = traits.threads;
+  plan.direct_output = traits.writes_output;
+  const size_t partials = static_cast<size_t>(plan.max_num_seqs) * plan.max_query_len * hq *
+                          std::max(plan.max_partitions, 1);
   DeviceBuffer d_cache(cache.size()), d_q(q.size()), d_q_src(q.size()), d_out(out_bytes),
       d_lse(gpu_lse.size() * sizeof(float)), d_pout(partials * D * sizeof(float)),
       d_pmax(partials * sizeof(float)), d_psum(partials * sizeof(float));
@@ -411,7 +449,18 @@ void RunCase(const Case &c) {
   ASSERT_EQ(kernels::LaunchDelayedCopy(d_q.get(), d_q_src.get(), static_cast<int64_t>(q.size()),
                                        20000, nullptr),
             0);
-  ASSERT_EQ(kernels::LaunchDecode(d, shape, ws, nullptr), 0);
+  if (c.backend_tuning) {
+    absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0, *c.backend_tuning);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const DecodeCapacity cap{hq, plan.max_num_seqs, p.max_context_len, plan.max_query_len};
+    DeviceBuffer w(std::max<size_t>(1, (*backend)->DecodeWorkspaceBytes(geo, cap)));
+    ASSERT_TRUE(w.ok());
+    w.Poison();
+    const absl::Status st = (*backend)->Decode(d, cap, w.get(), nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+  } else {
+    ASSERT_EQ(kernels::LaunchDecode(d, plan, ws, nullptr), 0);
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   d_out.Download(gpu_out.data());
   d_lse.Download(gpu_lse.data());
@@ -419,8 +468,7 @@ void RunCase(const Case &c) {
   // ---- Compare.
   Tolerance tol = ToleranceFor(c.out_dtype);
   double lse_abs = 1e-3, lse_rel = 0;
-  const bool tc_quantized = c.path != DecodePath::kThreadGroup && IsQuantized(c.k) &&
-                            kernels::TensorCoreDecodeSupports(geo);
+  const bool tc_quantized = plan.kernel != DecodeKernel::kThreadGroup && IsQuantized(c.k);
   if (tc_quantized) {
     tol.row_rel = std::max(tol.row_rel, 4e-3);
     // The tensor-core path rounds q * lambda to FP16 for quantized caches
@@ -495,7 +543,7 @@ void RunCase(const Case &c) {
           }
           const double err = std::fabs(got - want);
           if (bound > 0) {
-            double &worst = g_worst_ratio[static_cast<int>(c.out_dtype)];
+            double& worst = g_worst_ratio[static_cast<int>(c.out_dtype)];
             worst = std::max(worst, err / bound);
           }
           if (!(err <= bound)) {
@@ -523,7 +571,7 @@ bool HaveGpu() { return CudaDeviceCount() > 0; }
 
 // Lengths around the interesting boundaries of (block size, partition
 // size, query length), plus random ones.
-std::vector<int32_t> BoundaryLens(std::mt19937 &rng, int bs, int P, int qlen, int n, int max_len) {
+std::vector<int32_t> BoundaryLens(std::mt19937& rng, int bs, int P, int qlen, int n, int max_len) {
   const int pool[] = {0,     1, qlen - 1, qlen,      bs - 1, bs,        bs + 1,
                       P - 1, P, P + 1,    2 * P - 1, 2 * P,  2 * P + 1, 3 * bs + 2};
   std::vector<int32_t> lens;
@@ -540,7 +588,7 @@ std::vector<int32_t> BoundaryLens(std::mt19937 &rng, int bs, int P, int qlen, in
 }
 
 // A random case over the whole option space for the given dtypes, shape.
-Case RandomCase(std::mt19937 &rng, DType k, DType v, int D, int bs) {
+Case RandomCase(std::mt19937& rng, DType k, DType v, int D, int bs) {
   Case c;
   c.seed = rng();
   c.k = k;
@@ -577,81 +625,17 @@ Case RandomCase(std::mt19937 &rng, DType k, DType v, int D, int bs) {
 // The longest partition the host may pick for the tensor-core kernel of
 // `geo`: its halves' limit, or a third of the context up to
 // MaxThirdPartitionSize (16-bit caches: 4096 against 2048).
-int32_t LongestTcPartition(const CacheGeometry &geo) {
-  return std::max(kernels::MaxPartitionSize(geo, true), kernels::MaxThirdPartitionSize(geo, true));
-}
-
-// ---- The host's partition sizes (no GPU needed) ----------------------------
-
-// What Shape() hands the wave model for each kernel (src/cuda_backend.cc):
-// thirds of the context for the register-path tensor-core kernels, 16- and
-// 8-bit codes alike, rounded to 32 tokens (2752 of 8192 at 128 KV-head
-// rows on 132 SMs x 3 blocks, where halves leave a partial wave), and past
-// the 16-bit halves' 2048; none for INT4's ring or the thread-group kernel.
-TEST(CudaDecodeShape, ThirdsForCodesInRegisters) {
-  for (DType t : {DType::kBF16, DType::kFP16, DType::kFP8E4M3, DType::kINT8, DType::kINT4}) {
-    CacheGeometry geo;
-    geo.head_size = 128;
-    geo.block_size = 16;
-    geo.num_kv_heads = 1;
-    geo.k_dtype = geo.v_dtype = t;
-    SCOPED_TRACE(DTypeName(t));
-    const bool ring = t == DType::kINT4;
-    const int32_t step = kernels::PartitionStepTokens(geo, true);
-    const int32_t third_limit = kernels::MaxThirdPartitionSize(geo, true);
-    EXPECT_EQ(step, ring ? 0 : 32);
-    EXPECT_EQ(third_limit, ring ? 0 : 4096);
-    EXPECT_EQ(kernels::PartitionStepTokens(geo, false), 0);
-    EXPECT_EQ(kernels::MaxThirdPartitionSize(geo, false), 0);
-    if (!ring) {
-      EXPECT_EQ(PartitionSizeByWaves(kernels::MaxPartitionSize(geo, true), 128, 8192, 132 * 3,
-                                     step, third_limit),
-                2752);
-    }
-  }
-}
-
-// Where the staged kernel exists (sm_90+ decides at run time, in Shape()):
-// 16-bit K = V dtype at head size 128 and block size 16, 1-8 rows per KV
-// head; and the partition the host picks for it at the seed shape's 128
-// sequences on 132 SMs x 2 blocks: 4096 tokens, one wave of 256 blocks.
-TEST(CudaDecodeShape, StagedKernelDomain) {
-  for (DType t : kCacheDTypes) {
-    for (int D : kHeadSizes) {
-      for (int bs : kBlockSizes) {
-        CacheGeometry geo;
-        geo.head_size = D;
-        geo.block_size = bs;
-        geo.num_kv_heads = 1;
-        geo.k_dtype = geo.v_dtype = t;
-        const bool domain = !IsQuantized(t) && D == 128 && bs == 16;
-        for (int rows : {1, 2, 8, 9, 16}) {
-          EXPECT_EQ(kernels::StagedDecodeSupports(geo, rows), domain && rows <= 8)
-              << DTypeName(t) << " D=" << D << " bs=" << bs << " rows=" << rows;
-        }
-      }
-    }
-  }
-  CacheGeometry mixed;
-  mixed.head_size = 128;
-  mixed.block_size = 16;
-  mixed.num_kv_heads = 1;
-  mixed.k_dtype = DType::kBF16;
-  mixed.v_dtype = DType::kFP16;
-  EXPECT_FALSE(kernels::StagedDecodeSupports(mixed, 8));
-  EXPECT_EQ(kernels::StagedPartitionStepTokens(), 64);
-  EXPECT_EQ(PartitionSizeByWaves(kernels::StagedMaxPartitionSize(), 128, 8192,
-                                 132 * kernels::StagedDecodeBlocksPerSm(),
-                                 kernels::StagedPartitionStepTokens(),
-                                 kernels::StagedMaxPartitionSize()),
-            4096);
+int32_t LongestTcPartition(const CacheGeometry& geo) {
+  const kernels::DecodeKernelTraits t =
+      kernels::KernelTraits(CaseKernel(geo, 1, DecodePath::kTensorCore, false), geo, 1);
+  return std::max(t.max_partition, t.max_third_partition);
 }
 
 // ---- A small set for the sanitizers -------------------------------------
 
 // The decode kernels' dynamic shared memory starts on a 128-byte boundary
 // whatever static shared memory a kernel has: their copies into it run
-// slower off one (docs/PERF_NOTES.md, session 28).
+// slower off one (docs/archive.md, "Shared-memory alignment").
 TEST(CudaDecodeSmall, DynamicSharedMemoryAligned) {
   KVPAGE_REQUIRE_GPU();
   uint32_t bytes = 0xFFFFFFFFu;
@@ -762,10 +746,10 @@ TEST(CudaDecodeSmall, TableNarrowerThanAPartition) {
     // writes its own output (kernels/launch.h).
     CacheGeometry geo;
     geo.head_size = c.head_size;
+    geo.block_size = c.block_size;
     geo.k_dtype = c.k;
     geo.v_dtype = c.v;
-    ASSERT_TRUE(kernels::DecodeUsesTensorCores(geo, c.group * c.query_len, c.path) &&
-                kernels::PartitionKernelWritesOutput(geo, true));
+    ASSERT_EQ(CaseKernel(geo, c.group * c.query_len, c.path), DecodeKernel::kTensorCoreRing);
     RunCase(c);
     if (HasFailure()) return;
   }
@@ -818,7 +802,7 @@ TEST(CudaDecode, OptionsAndIoDtypes) {
                             {DType::kINT8, DType::kINT4},
                             {DType::kFP8E4M3, DType::kFP8E4M3},
                             {DType::kINT4, DType::kFP16}};
-  for (const auto &kv : pairs) {
+  for (const auto& kv : pairs) {
     for (int opt = 0; opt < 32; ++opt) {
       Case c;
       c.seed = rng();
@@ -850,13 +834,43 @@ TEST(CudaDecode, OptionsAndIoDtypes) {
 // queries), every option at random, partition sizes that are and are not
 // multiples of its 64-token stage, and lengths that end inside a stage, a
 // block, or right at their ends.
+// Decodes through CUDA backends made with each tuning override
+// (DecodeTuning, as KVPAGE_* environment variables ask for them): plain
+// stream order, a 96-token partition (not a power of two, not a whole
+// number of the kernels' warp steps), each kernel family forced, the staged
+// kernel off, L2 prefetch distances; every dtype pair and option at random.
+TEST(CudaDecode, BackendTuning) {
+  KVPAGE_REQUIRE_GPU();
+  KVPAGE_SEEDED_RNG(rng);
+  std::vector<DecodeTuning> tunings(6);
+  tunings[0].dependent_decode = false;
+  tunings[1].partition_size = 96;
+  tunings[2].path = DecodePath::kThreadGroup;
+  tunings[3].path = DecodePath::kTensorCore;
+  tunings[3].dependent_decode = false;
+  tunings[4].staged = false;
+  tunings[5].prefetch_k_steps = 0;
+  tunings[5].prefetch_v_steps = 3;
+  for (const DecodeTuning& t : tunings) {
+    for (int rep = 0; rep < 4; ++rep) {
+      const DType k = kCacheDTypes[rng() % kNumCacheDTypes];
+      const DType v = rng() % 2 ? k : kCacheDTypes[rng() % kNumCacheDTypes];
+      Case c = RandomCase(rng, k, v, rep % 2 ? 128 : kHeadSizes[rng() % kNumHeadSizes],
+                          kBlockSizes[rng() % 3]);
+      c.backend_tuning = t;
+      RunCase(c);
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST(CudaDecode, StagedEveryOption) {
   KVPAGE_REQUIRE_GPU();
   if (GpuComputeMajor() < 9) GTEST_SKIP() << "the staged kernel needs sm_90+";
   KVPAGE_SEEDED_RNG(rng);
   const int shapes[][2] = {{1, 1}, {2, 1}, {4, 1}, {8, 1}, {1, 8}, {2, 4}, {4, 2}, {3, 2}};
   for (DType t : {DType::kBF16, DType::kFP16}) {
-    for (const auto &gq : shapes) {
+    for (const auto& gq : shapes) {
       for (int rep = 0; rep < 3; ++rep) {
         Case c = RandomCase(rng, t, t, 128, 16);
         c.group = gq[0];
@@ -882,15 +896,15 @@ TEST(CudaDecode, StagedEveryOption) {
 TEST(CudaDecode, PartitionBoundaries) {
   KVPAGE_REQUIRE_GPU();
   KVPAGE_SEEDED_RNG(rng);
-  // Any multiple of 32 is a valid partition size (DecodeShape): powers of
+  // Any multiple of 32 is a valid partition size (DecodePlan): powers of
   // two (what the host picks today) and two that are not.
   for (int P : {32, 96, 256, 512, 1376}) {
     for (int bs : kBlockSizes) {
       Case c;
       c.seed = rng();
-      c.k = kCacheDTypes[rng() % 5];
-      c.v = kCacheDTypes[rng() % 5];
-      c.head_size = kHeadSizes[rng() % 6];
+      c.k = kCacheDTypes[rng() % kNumCacheDTypes];
+      c.v = kCacheDTypes[rng() % kNumCacheDTypes];
+      c.head_size = kHeadSizes[rng() % kNumHeadSizes];
       c.block_size = bs;
       c.group = 4;
       c.query_len = 1 + static_cast<int>(rng() % 2);
@@ -912,12 +926,12 @@ TEST(CudaDecode, LargeGroups) {
   KVPAGE_REQUIRE_GPU();
   KVPAGE_SEEDED_RNG(rng);
   const int configs[][2] = {{64, 8}, {64, 1}, {24, 2}, {16, 4}, {7, 3}, {32, 1}};
-  for (const auto &gq : configs) {
+  for (const auto& gq : configs) {
     Case c;
     c.seed = rng();
-    c.k = kCacheDTypes[rng() % 5];
-    c.v = kCacheDTypes[rng() % 5];
-    c.head_size = gq[0] == 64 ? 64 : kHeadSizes[rng() % 6];
+    c.k = kCacheDTypes[rng() % kNumCacheDTypes];
+    c.v = kCacheDTypes[rng() % kNumCacheDTypes];
+    c.head_size = gq[0] == 64 ? 64 : kHeadSizes[rng() % kNumHeadSizes];
     c.block_size = kBlockSizes[rng() % 3];
     c.group = gq[0];
     c.query_len = gq[1];
@@ -942,9 +956,9 @@ TEST(CudaDecode, ManyRowsReduce) {
   KVPAGE_SEEDED_RNG(rng);
   Case c;
   c.seed = rng();
-  c.k = kCacheDTypes[rng() % 5];
-  c.v = rng() % 2 ? c.k : kCacheDTypes[rng() % 5];
-  c.head_size = kHeadSizes[rng() % 6];
+  c.k = kCacheDTypes[rng() % kNumCacheDTypes];
+  c.v = rng() % 2 ? c.k : kCacheDTypes[rng() % kNumCacheDTypes];
+  c.head_size = kHeadSizes[rng() % kNumHeadSizes];
   c.block_size = kBlockSizes[rng() % 3];
   c.num_kv_heads = 2;
   c.group = 3;  // 6 query heads: the last of each sequence's blocks of 4 has two
@@ -997,10 +1011,11 @@ TEST(CudaDecode, EmptyAndInvisible) {
     // The case is only worth its name where the kernel writes its output.
     CacheGeometry geo;
     geo.head_size = e.head_size;
+    geo.block_size = e.block_size;
     geo.k_dtype = e.k;
     geo.v_dtype = e.v;
-    ASSERT_TRUE(kernels::PartitionKernelWritesOutput(
-        geo, kernels::DecodeUsesTensorCores(geo, e.group * e.query_len, e.path)));
+    const int32_t rows = e.group * e.query_len;
+    ASSERT_TRUE(kernels::KernelTraits(CaseKernel(geo, rows, e.path), geo, rows).writes_output);
     RunCase(e);  // a failure prints the case
   }
 }
@@ -1014,7 +1029,7 @@ TEST(CudaDecode, LongContext) {
                          {DType::kINT4, DType::kINT4},
                          {DType::kINT8, DType::kFP8E4M3},
                          {DType::kFP8E4M3, DType::kFP8E4M3}};
-  for (const auto &t : kv) {
+  for (const auto& t : kv) {
     for (DecodePath path : {DecodePath::kThreadGroup, DecodePath::kTensorCore}) {
       if (path == DecodePath::kTensorCore && t[0] != t[1]) continue;
       Case c;
@@ -1033,10 +1048,10 @@ TEST(CudaDecode, LongContext) {
       // accumulators shows (it did once: biased V codes).
       CacheGeometry geo;
       geo.head_size = c.head_size;
+      geo.block_size = c.block_size;
       geo.k_dtype = c.k;
       geo.v_dtype = c.v;
-      c.partition_size =
-          path == DecodePath::kTensorCore ? LongestTcPartition(geo) : 256;
+      c.partition_size = path == DecodePath::kTensorCore ? LongestTcPartition(geo) : 256;
       c.lens = {33000, 1000};
       c.path = path;
       RunCase(c);
@@ -1081,98 +1096,6 @@ TEST(CudaDecode, VScalesAlongTheSequence) {
     }
   }
   PrintWorstRatios();
-}
-
-// ---- Timing (not a correctness test; run with
-// --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*') -------------
-
-TEST(CudaDecodePerf, DISABLED_Bandwidth) {
-  KVPAGE_REQUIRE_GPU();
-  struct PerfCase {
-    DType k, v;
-    int group, num_kv_heads, len, seqs;
-  };
-  const PerfCase cases[] = {
-      {DType::kBF16, DType::kBF16, 8, 8, 4096, 32},
-      {DType::kFP8E4M3, DType::kFP8E4M3, 8, 8, 4096, 32},
-      {DType::kINT8, DType::kINT8, 8, 8, 4096, 32},
-      {DType::kINT4, DType::kINT4, 8, 8, 4096, 32},
-      {DType::kINT8, DType::kINT4, 8, 8, 4096, 32},
-      {DType::kBF16, DType::kBF16, 1, 32, 4096, 32},
-      {DType::kINT4, DType::kINT4, 1, 32, 4096, 32},
-      {DType::kBF16, DType::kBF16, 4, 8, 32768, 4},
-      {DType::kINT4, DType::kINT4, 4, 8, 32768, 4},
-  };
-  for (const PerfCase &pc : cases) {
-    CacheGeometry geo;
-    geo.num_layers = 1;
-    geo.block_size = 16;
-    geo.num_kv_heads = pc.num_kv_heads;
-    geo.head_size = 128;
-    geo.k_dtype = pc.k;
-    geo.v_dtype = pc.v;
-    const int blocks_per_seq = pc.len / geo.block_size;
-    geo.num_blocks = blocks_per_seq * pc.seqs;
-    DeviceBuffer cache(static_cast<size_t>(geo.total_bytes()));
-    ASSERT_TRUE(cache.ok());
-    ASSERT_EQ(cudaMemset(cache.get(), 0x11, geo.total_bytes()),
-              cudaSuccess);  // small finite
-    std::vector<int32_t> table(static_cast<size_t>(geo.num_blocks));
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), std::mt19937(1));
-    std::vector<int32_t> lens(pc.seqs, pc.len);
-    const int hq = pc.group * pc.num_kv_heads;
-    auto d_table = ToDevice(table);
-    auto d_lens = ToDevice(lens);
-    DeviceBuffer q(static_cast<size_t>(pc.seqs) * hq * 128 * 2), out(q.size_hint());
-    DecodeShape shape;
-    shape.max_num_seqs = pc.seqs;
-    shape.max_query_len = 1;
-    shape.partition_size = 256;
-    shape.max_partitions = pc.len / 256;
-    const size_t partials = static_cast<size_t>(pc.seqs) * hq * shape.max_partitions;
-    DeviceBuffer pout(partials * 128 * 4), pmax(partials * 4), psum(partials * 4);
-    ASSERT_EQ(cudaMemset(q.get(), 0, q.size_hint()), cudaSuccess);
-    DecodeParams p{};
-    p.geo = geo;
-    p.layer = cache.get<uint8_t>();
-    p.num_seqs = pc.seqs;
-    p.query_len = 1;
-    p.num_q_heads = hq;
-    p.max_context_len = pc.len;
-    p.q_dtype = DType::kBF16;
-    p.out_dtype = DType::kBF16;
-    p.q = q.get();
-    p.q_stride = int64_t{hq} * 128;
-    p.block_table = d_table->get<int32_t>();
-    p.block_table_stride = blocks_per_seq;
-    p.block_table_width = blocks_per_seq;
-    p.seq_lens = d_lens->get<int32_t>();
-    p.sm_scale = 0.088f;
-    p.out = out.get();
-    p.out_stride = int64_t{hq} * 128;
-    DecodeWorkspace ws{pout.get<float>(), pmax.get<float>(), psum.get<float>()};
-    for (int i = 0; i < 3; ++i) ASSERT_EQ(kernels::LaunchDecode(p, shape, ws, nullptr), 0);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    const int iters = 20;
-    cudaEventRecord(e0);
-    for (int i = 0; i < iters; ++i) kernels::LaunchDecode(p, shape, ws, nullptr);
-    cudaEventRecord(e1);
-    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    const double us = 1000.0 * ms / iters;
-    const double bytes = static_cast<double>(pc.len) * pc.seqs * geo.bytes_per_token_per_layer();
-    std::printf(
-        "K=%s V=%s group=%d kv_heads=%d len=%d seqs=%d: %.1f us, %.0f "
-        "GB/s (KV bytes)\n",
-        DTypeName(pc.k), DTypeName(pc.v), pc.group, pc.num_kv_heads, pc.len, pc.seqs, us,
-        bytes / us * 1e-3);
-  }
 }
 
 #endif  // KVPAGE_HAVE_CUDA

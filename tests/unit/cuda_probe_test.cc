@@ -9,7 +9,7 @@
 #if KVPAGE_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "kernels/launch.h"
+#include "tests/kernels/test_kernels.h"
 #endif
 
 namespace kvpage {

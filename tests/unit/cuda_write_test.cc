@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/launch.h"
+#include "tests/kernels/test_kernels.h"
 #endif
 
 namespace kvpage {
@@ -411,7 +412,7 @@ void RunWriteCase(std::mt19937& rng, const WriteCase& c, int num_tokens = 0,
   gpu.counters = reinterpret_cast<WriteCounters*>(d_counters.get());
   // Shared memory the write leaves unset must not reach the cache: the
   // stage bytes of tokens that write nothing were once folded into a
-  // neighbour's INT4 code (docs/PERF_NOTES.md, session 11).
+  // neighbour's INT4 code (docs/archive.md, "Cache write").
   ASSERT_EQ(kernels::LaunchPoisonShared(nullptr), cudaSuccess);
   // Mostly as the host launches it on sm_90+: a programmatic dependent of
   // the kernel before it, here one that lets it start at once and writes V

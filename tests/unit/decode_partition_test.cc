@@ -1,6 +1,6 @@
 // The decode's partition size by the wave model (src/decode_partition.h),
-// on the cases it was fitted to (docs/PERF_NOTES.md, "Partition size by
-// waves": an H200, 132 SMs) and on its invariants.
+// on the cases it was fitted to (an H200, 132 SMs: docs/archive.md,
+// "Partition size and the wave model") and on its invariants.
 #include "src/decode_partition.h"
 
 #include <algorithm>
@@ -39,7 +39,7 @@ TEST(DecodePartition, SeedShapeChoicesMeasuredOnTheH200) {
 }
 
 // With thirds (the host passes a step for the tensor-core kernel with
-// 8-bit codes: 32 tokens, 4096 at most; docs/PERF_NOTES.md sessions 17-18;
+// 8-bit codes: 32 tokens, 4096 at most; docs/archive.md, "Partition size and the wave model";
 // 64 and 128 check the rounding): 8192 / 3 rounded up to the step from 128 rows
 // on, where halves leave a partial wave; halves where a wave fills without
 // them.
@@ -64,7 +64,7 @@ TEST(DecodePartition, ThirdsWhereTheyFillWaves) {
   EXPECT_EQ(PartitionSizeByWaves(2048, 128, 8192, kSms * 3, 64), 1024);
 }
 
-// 16-bit caches (docs/PERF_NOTES.md, session 26): halves up to 2048
+// 16-bit caches (docs/archive.md, "Partition size and the wave model"): halves up to 2048
 // tokens, thirds rounded to 32 tokens up to 4096. The seed shape takes
 // thirds from 128 rows on and halves below, the sizes measured fastest
 // on the H100.
@@ -94,8 +94,8 @@ TEST(DecodePartition, Invariants) {
     const int32_t largest = int32_t{32} << (rng() % 7);  // 32 .. 2048
     const int64_t rows = 1 + rng() % 4096;
     const int32_t context = 1 + static_cast<int32_t>(rng() % 131072);
-    const int64_t slots = static_cast<int64_t>(rng() % 2000);  // 0 counts as 1
-    const int32_t step = (rng() % 2) * (int32_t{16} << (rng() % 5));  // 0 or 16 .. 256
+    const int64_t slots = static_cast<int64_t>(rng() % 2000);                  // 0 counts as 1
+    const int32_t step = (rng() % 2) * (int32_t{16} << (rng() % 5));           // 0 or 16 .. 256
     const int32_t largest_third = (rng() % 2) * (int32_t{32} << (rng() % 8));  // 0 or 32 .. 4096
     SCOPED_TRACE(absl::StrFormat("largest %d rows %d context %d slots %d step %d third <= %d",
                                  largest, rows, context, slots, step, largest_third));

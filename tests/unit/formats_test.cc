@@ -50,8 +50,7 @@ std::vector<double> HalfGrid() {
   for (int bits = 0; bits <= 0x7BFF; ++bits) {
     const int exp = bits >> 10;
     const int mant = bits & 0x3FF;
-    grid.push_back(exp == 0 ? std::ldexp(mant, -24)
-                            : std::ldexp(1024 + mant, exp - 25));
+    grid.push_back(exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, exp - 25));
   }
   return grid;
 }
@@ -61,8 +60,7 @@ std::vector<double> Fp8Grid() {
   for (int bits = 0; bits <= 0x7E; ++bits) {
     const int exp = bits >> 3;
     const int mant = bits & 7;
-    grid.push_back(exp == 0 ? std::ldexp(mant, -9)
-                            : std::ldexp(8 + mant, exp - 10));
+    grid.push_back(exp == 0 ? std::ldexp(mant, -9) : std::ldexp(8 + mant, exp - 10));
   }
   return grid;
 }
@@ -80,9 +78,7 @@ const std::vector<double>& Fp8Values() {
 // Index of the grid value at or below `a` (a >= 0), and whether it is exact.
 size_t FloorIndex(const std::vector<double>& grid, double a, bool* exact) {
   const size_t lo =
-      static_cast<size_t>(std::upper_bound(grid.begin(), grid.end(), a) -
-                          grid.begin()) -
-      1;
+      static_cast<size_t>(std::upper_bound(grid.begin(), grid.end(), a) - grid.begin()) - 1;
   *exact = grid[lo] == a;
   return lo;
 }
@@ -90,8 +86,7 @@ size_t FloorIndex(const std::vector<double>& grid, double a, bool* exact) {
 // Rounds `f` onto a grid whose next value past the end is `beyond` (the
 // next binade's first value, as if the exponent range went on). Returns the
 // magnitude rank; grid.size() means "past the largest finite value".
-size_t RoundOnGrid(const std::vector<double>& grid, double beyond, double f,
-                   Mode mode) {
+size_t RoundOnGrid(const std::vector<double>& grid, double beyond, double f, Mode mode) {
   const double a = std::fabs(f);
   bool exact;
   const size_t lo = FloorIndex(grid, a, &exact);
@@ -145,8 +140,7 @@ uint16_t RefBf16(float f) {
   const double a = std::fabs(static_cast<double>(f));
   const double lo = FromBits(lower);
   // The value past the largest finite one (0x7F7F) is 2^128.
-  const double hi =
-      upper == 0x7F800000u ? std::ldexp(1.0, 128) : FromBits(upper);
+  const double hi = upper == 0x7F800000u ? std::ldexp(1.0, 128) : FromBits(upper);
   uint32_t pick;
   if (a - lo < hi - a) {
     pick = lower;
@@ -210,8 +204,7 @@ TEST(HalfTest, EveryBoundaryMatchesReference) {
     const float value = static_cast<float>(grid[i]);
     const float mid = static_cast<float>((grid[i] + next) / 2);
     ASSERT_EQ(static_cast<double>(mid), (grid[i] + next) / 2);
-    for (float f : {value, NextUp(value), NextDown(value), mid, NextUp(mid),
-                    NextDown(mid)}) {
+    for (float f : {value, NextUp(value), NextDown(value), mid, NextUp(mid), NextDown(mid)}) {
       if (f < 0) continue;  // NextDown(0)
       ExpectHalfMatchesReference(f);
       ExpectHalfMatchesReference(-f);
@@ -229,8 +222,7 @@ TEST(HalfTest, SweepOfRoundingBitsMatchesReference) {
       const uint16_t rne = FloatToHalfRne(f);
       const uint16_t want = RefHalf(f, Mode::kRne);
       if (rne != want) {
-        ADD_FAILURE() << std::hexfloat << f << " got " << rne << " want "
-                      << want;
+        ADD_FAILURE() << std::hexfloat << f << " got " << rne << " want " << want;
         return;
       }
       if (FloatToHalfUp(f) != RefHalf(f, Mode::kUp) ||
@@ -255,8 +247,7 @@ TEST(HalfTest, RandomFloatsMatchReference) {
     if (i % 2 == 0) bits = (bits & 0x807FFFFFu) | (exp(rng) << 23);
     const float f = FromBits(bits);
     if (std::isnan(f)) continue;
-    if (FloatToHalfRne(f) != RefHalf(f, Mode::kRne) ||
-        FloatToHalfUp(f) != RefHalf(f, Mode::kUp) ||
+    if (FloatToHalfRne(f) != RefHalf(f, Mode::kRne) || FloatToHalfUp(f) != RefHalf(f, Mode::kUp) ||
         FloatToHalfDown(f) != RefHalf(f, Mode::kDown)) {
       ADD_FAILURE() << std::hexfloat << f;
       return;
@@ -324,8 +315,7 @@ TEST(HalfTest, SpecialValues) {
 // The half value just above `h` (in value; -0 and +0 are both zero).
 uint16_t NextHalfUp(uint16_t h) {
   if ((h & 0x7FFF) == 0) return 0x0001;
-  return (h & 0x8000) ? static_cast<uint16_t>(h - 1)
-                      : static_cast<uint16_t>(h + 1);
+  return (h & 0x8000) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
 }
 
 TEST(HalfTest, UpAndDownBracketAndAreAdjacent) {
@@ -480,8 +470,8 @@ TEST(Fp8Test, RandomFloatsMatchReference) {
 // ---- Quantizer
 // ----------------------------------------------------------------
 
-const DType kCacheDtypes[] = {DType::kFP16, DType::kBF16, DType::kFP8E4M3,
-                              DType::kINT8, DType::kINT4};
+const DType kCacheDtypes[] = {DType::kFP16, DType::kBF16, DType::kFP8E4M3, DType::kINT8,
+                              DType::kINT4};
 const int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
 
 struct Quantized {
@@ -490,17 +480,15 @@ struct Quantized {
   QuantStats stats;
 };
 
-Quantized Quantize(DType dtype, const std::vector<float>& x,
-                   const float* smoothing = nullptr) {
+Quantized Quantize(DType dtype, const std::vector<float>& x, const float* smoothing = nullptr) {
   Quantized q;
   q.codes.assign(x.size(), 0xDEAD);
   q.scale.scale = 0xDEAD;
   q.scale.min = 0xDEAD;
-  QuantizeVector(dtype, x.data(), smoothing, static_cast<int>(x.size()),
-                 q.codes.data(), &q.scale, &q.stats);
+  QuantizeVector(dtype, x.data(), smoothing, static_cast<int>(x.size()), q.codes.data(), &q.scale,
+                 &q.stats);
   return q;
 }
-
 
 bool IsFiniteHalf(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
 
@@ -547,8 +535,7 @@ void ExpectWellFormed(DType dtype, const Quantized& q) {
 
 // The round-trip error bound of one element x (already divided by any
 // smoothing) stored as `code`.
-void ExpectWithinBound(DType dtype, float x, uint16_t code, ScaleEntry scale,
-                       int i) {
+void ExpectWithinBound(DType dtype, float x, uint16_t code, ScaleEntry scale, int i) {
   const double xd = x;
   const double got = DequantizeCode(dtype, code, scale);
   const double err = std::fabs(got - xd);
@@ -561,13 +548,11 @@ void ExpectWithinBound(DType dtype, float x, uint16_t code, ScaleEntry scale,
     case DType::kBF16: {
       // Exactly the nearest value: at most half an ulp of the result, and
       // the code equals the scalar conversion.
-      const uint16_t want =
-          dtype == DType::kFP16 ? FloatToHalfRne(x) : FloatToBf16Rne(x);
+      const uint16_t want = dtype == DType::kFP16 ? FloatToHalfRne(x) : FloatToBf16Rne(x);
       EXPECT_EQ(code, want) << "element " << i << " x=" << x;
       const double rel = dtype == DType::kFP16 ? 0x1p-11 : 0x1p-8;
       const double abs_floor = dtype == DType::kFP16 ? 0x1p-25 : 0x1p-134;
-      EXPECT_LE(err, std::max(std::fabs(got) * rel, abs_floor))
-          << "element " << i << " x=" << x;
+      EXPECT_LE(err, std::max(std::fabs(got) * rel, abs_floor)) << "element " << i << " x=" << x;
       break;
     }
     case DType::kINT8:
@@ -581,11 +566,9 @@ void ExpectWithinBound(DType dtype, float x, uint16_t code, ScaleEntry scale,
     }
     case DType::kFP8E4M3:
       if (std::fabs(xd) >= 0x1p-6 * s) {
-        EXPECT_LE(err, std::fabs(xd) * 0x1p-4 * (1 + 0x1p-20))
-            << "element " << i << " x=" << x;
+        EXPECT_LE(err, std::fabs(xd) * 0x1p-4 * (1 + 0x1p-20)) << "element " << i << " x=" << x;
       } else {
-        EXPECT_LE(err, 0x1p-10 * s * (1 + 0x1p-20))
-            << "element " << i << " x=" << x;
+        EXPECT_LE(err, 0x1p-10 * s * (1 + 0x1p-20)) << "element " << i << " x=" << x;
       }
       break;
     case DType::kFP32:
@@ -593,8 +576,7 @@ void ExpectWithinBound(DType dtype, float x, uint16_t code, ScaleEntry scale,
   }
 }
 
-void ExpectRoundTrip(DType dtype, const std::vector<float>& x,
-                     const Quantized& q) {
+void ExpectRoundTrip(DType dtype, const std::vector<float>& x, const Quantized& q) {
   ExpectWellFormed(dtype, q);
   for (size_t i = 0; i < x.size(); ++i) {
     ExpectWithinBound(dtype, x[i], q.codes[i], q.scale, static_cast<int>(i));
@@ -603,8 +585,7 @@ void ExpectRoundTrip(DType dtype, const std::vector<float>& x,
 
 // Scale bounds that make the error bounds meaningful: the scale covers the
 // data (rounded up) and is no larger than rounding up requires.
-void ExpectScaleCovers(DType dtype, const std::vector<float>& x,
-                       const Quantized& q) {
+void ExpectScaleCovers(DType dtype, const std::vector<float>& x, const Quantized& q) {
   if (!IsQuantized(dtype)) return;
   const double s = HalfToFloat(q.scale.scale);
   if (dtype == DType::kINT4) {
@@ -687,8 +668,7 @@ TEST(QuantizeTest, ZeroVectorGivesZeroScaleZeroCodesExactZeros) {
       EXPECT_EQ(q.stats.saturated, 0u);
       for (size_t i = 0; i < x.size(); ++i) {
         // FP16/BF16 keep the sign of zero; quantized formats store code 0.
-        const uint16_t want =
-            (!IsQuantized(dtype) && std::signbit(x[i])) ? 0x8000 : 0;
+        const uint16_t want = (!IsQuantized(dtype) && std::signbit(x[i])) ? 0x8000 : 0;
         EXPECT_EQ(q.codes[i], want) << i;
         EXPECT_EQ(DequantizeCode(dtype, q.codes[i], q.scale), 0.0) << i;
       }
@@ -730,8 +710,7 @@ TEST(QuantizeTest, SubnormalInputs) {
     for (size_t i = 0; i < x.size(); ++i) {
       // Far below the resolution of every format but BF16 (which has FP32's
       // exponent range): stored as (signed) zero.
-      const double want =
-          dtype == DType::kBF16 ? Bf16ToFloat(FloatToBf16Rne(x[i])) : 0.0;
+      const double want = dtype == DType::kBF16 ? Bf16ToFloat(FloatToBf16Rne(x[i])) : 0.0;
       EXPECT_EQ(DequantizeCode(dtype, q.codes[i], q.scale), want);
     }
     if (dtype == DType::kINT8 || dtype == DType::kFP8E4M3) {
@@ -791,8 +770,7 @@ TEST(QuantizeTest, NonFiniteElementsAreZeroedAndCounted) {
       std::vector<int> positions;
       for (int k = 0; k < 3; ++k) {
         const int pos = static_cast<int>(rng() % n);
-        if (std::find(positions.begin(), positions.end(), pos) !=
-            positions.end()) {
+        if (std::find(positions.begin(), positions.end(), pos) != positions.end()) {
           continue;
         }
         positions.push_back(pos);
@@ -1020,8 +998,7 @@ TEST(LoadStoreTest, RoundTripsEachInputDtype) {
   for (DType dtype : {DType::kFP32, DType::kFP16, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
     std::vector<unsigned char> buffer(6 * 4 + 4, 0xAB);
-    for (int i = 0; i < 6; ++i)
-      StoreFromFloat(dtype, buffer.data(), i, values[i]);
+    for (int i = 0; i < 6; ++i) StoreFromFloat(dtype, buffer.data(), i, values[i]);
     const int bytes = DTypeBits(dtype) / 8;
     EXPECT_EQ(buffer[6 * bytes], 0xAB) << "wrote past the last element";
     for (int i = 0; i < 6; ++i) {

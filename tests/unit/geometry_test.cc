@@ -11,9 +11,8 @@
 namespace kvpage {
 namespace {
 
-CacheGeometry MakeGeometry(DType k, DType v, int head_size = 128,
-                           int num_kv_heads = 2, int block_size = 16,
-                           int num_blocks = 3, int num_layers = 2) {
+CacheGeometry MakeGeometry(DType k, DType v, int head_size = 128, int num_kv_heads = 2,
+                           int block_size = 16, int num_blocks = 3, int num_layers = 2) {
   CacheGeometry g;
   g.num_layers = num_layers;
   g.num_blocks = num_blocks;
@@ -154,8 +153,7 @@ TEST(GeometryTest, Int4KeyChunksRoundUpForOddHeadSizes) {
   EXPECT_EQ(g80.k_head_stride(), 3 * 256);
   EXPECT_EQ(g80.v_head_stride(), 80 * 8);
   EXPECT_EQ(g80.bytes_per_token_per_layer(), 3 * 16 + 40 + 4 + 4);  // 96
-  const CacheGeometry g112 =
-      MakeGeometry(DType::kINT4, DType::kFP8E4M3, 112, 1);
+  const CacheGeometry g112 = MakeGeometry(DType::kINT4, DType::kFP8E4M3, 112, 1);
   EXPECT_EQ(g112.k_chunks(), 4);
   EXPECT_EQ(g112.bytes_per_token_per_layer(), 4 * 16 + 112 + 4 + 2);  // 182
   // Other dtypes divide 80 and 112 exactly (or nearly: FP8 80 -> 5 chunks,
@@ -165,15 +163,13 @@ TEST(GeometryTest, Int4KeyChunksRoundUpForOddHeadSizes) {
   EXPECT_EQ(MakeGeometry(DType::kBF16, DType::kBF16, 112).k_chunks(), 14);
 
   // A wider case: 4 heads, block size 32, 5 blocks, head_size 80.
-  const CacheGeometry g =
-      MakeGeometry(DType::kINT4, DType::kBF16, 80, 4, 32, 5);
+  const CacheGeometry g = MakeGeometry(DType::kINT4, DType::kBF16, 80, 4, 32, 5);
   EXPECT_EQ(g.k_chunk_stride(), 512);
   EXPECT_EQ(g.k_head_stride(), 1536);
   EXPECT_EQ(g.k_block_stride(), 6144);
   EXPECT_EQ(g.k_data_bytes(), 30720);
   // Last element: chunk 2, element 15 in the chunk -> byte 7, high nibble.
-  EXPECT_EQ(g.k_byte(4, 3, 31, 79),
-            4 * 6144 + 3 * 1536 + 2 * 512 + 31 * 16 + 7);
+  EXPECT_EQ(g.k_byte(4, 3, 31, 79), 4 * 6144 + 3 * 1536 + 2 * 512 + 31 * 16 + 7);
   EXPECT_EQ(g.k_shift(79), 4);
   EXPECT_LT(g.k_byte(4, 3, 31, 79), g.k_data_bytes());
   // Elements 80..95 of the last chunk are padding: bytes 8..15 of the row.
@@ -234,20 +230,18 @@ void ExpectDisjointAndInBounds(const CacheGeometry& g) {
     }
   }
   // Dense except for INT4 K padding: the elements fill the region exactly.
-  const int64_t k_elements_bytes = int64_t{g.num_blocks} * g.num_kv_heads *
-                                   g.block_size * g.head_size * g.k_bits() / 8;
+  const int64_t k_elements_bytes =
+      int64_t{g.num_blocks} * g.num_kv_heads * g.block_size * g.head_size * g.k_bits() / 8;
   if (g.head_size % g.k_x() == 0) {
     EXPECT_EQ(k_elements_bytes, g.k_data_bytes());
   } else {
     EXPECT_LT(k_elements_bytes, g.k_data_bytes());
   }
-  EXPECT_EQ(static_cast<int64_t>(v_seen.size()) * g.v_bits(),
-            g.v_data_bytes() * 8);
+  EXPECT_EQ(static_cast<int64_t>(v_seen.size()) * g.v_bits(), g.v_data_bytes() * 8);
 }
 
 TEST(GeometryTest, EveryElementHasItsOwnBits) {
-  const DType dtypes[] = {DType::kFP16, DType::kBF16, DType::kFP8E4M3,
-                          DType::kINT8, DType::kINT4};
+  const DType dtypes[] = {DType::kFP16, DType::kBF16, DType::kFP8E4M3, DType::kINT8, DType::kINT4};
   for (DType k : dtypes) {
     for (DType v : dtypes) {
       for (int head_size : {64, 80, 112}) {

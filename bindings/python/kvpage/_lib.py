@@ -2,9 +2,10 @@
 
 The binding resolves one symbol, ``kvp_get_api``, and calls everything
 through the function table it returns (include/kvpage/kvpage.h, "Function
-table for dlopen users"). The ctypes structures below mirror the ABI 1.0
-structs field by field; their sizes are the first released sizes that
-capi/struct_io.h pins, which the tests check.
+table for dlopen users"). The ctypes structures below mirror the header's
+structs field by field (fields appended in a later ABI minor say so);
+tests/abi/check_bindings.py checks them, the table's prototypes, the enums
+and FIRST_RELEASED_SIZES against the header.
 """
 
 import ctypes
@@ -129,7 +130,7 @@ def invalid(message):
 
 
 # ---------------------------------------------------------------------------
-# Structs (ABI 1.0, LP64)
+# Structs (LP64)
 # ---------------------------------------------------------------------------
 
 c_error_p = ctypes.c_void_p  # kvp_error*
@@ -333,7 +334,7 @@ class Api(ctypes.Structure):
     ]
 
 
-# First released sizes (capi/struct_io.h); the tests compare against these.
+# First released sizes: the header's KVP_<NAME>_STRUCT_SIZE_1_0.
 FIRST_RELEASED_SIZES = {
     Allocator: 32,
     CacheConfig: 64,

@@ -53,6 +53,34 @@ pub const KVP_ABI_MAJOR: u32 = 1;
 pub const KVP_ABI_MINOR: u32 = 1;
 
 // ---------------------------------------------------------------------------
+// Struct sizes by ABI version (the header's KVP_<NAME>_STRUCT_SIZE_<major>_<minor>,
+// `KVP_STRUCT_SIZE(type, last_field)`: the bytes through that version's last
+// field). A `struct_size` of at least the `_1_0` size is accepted. The
+// values are LP64's; `tests/layout.rs` checks each against the header.
+// ---------------------------------------------------------------------------
+
+/// [`kvp_allocator`] through `free` (ABI 1.0).
+pub const KVP_ALLOCATOR_STRUCT_SIZE_1_0: usize = 32;
+/// [`kvp_cache_config`] through `allocator` (ABI 1.0).
+pub const KVP_CACHE_CONFIG_STRUCT_SIZE_1_0: usize = 64;
+/// [`kvp_cache_config`] through `checked` (ABI 1.1).
+pub const KVP_CACHE_CONFIG_STRUCT_SIZE_1_1: usize = 68;
+/// [`kvp_layer_layout`] through `v_scale_bytes` (ABI 1.0).
+pub const KVP_LAYER_LAYOUT_STRUCT_SIZE_1_0: usize = 176;
+/// [`kvp_cache_info`] through `total_bytes` (ABI 1.0).
+pub const KVP_CACHE_INFO_STRUCT_SIZE_1_0: usize = 64;
+/// [`kvp_write_args`] through `slot_mapping` (ABI 1.0).
+pub const KVP_WRITE_ARGS_STRUCT_SIZE_1_0: usize = 64;
+/// [`kvp_write_stats`] through `saturated` (ABI 1.0).
+pub const KVP_WRITE_STATS_STRUCT_SIZE_1_0: usize = 24;
+/// [`kvp_decode_config`] through `workspace_bytes` (ABI 1.0).
+pub const KVP_DECODE_CONFIG_STRUCT_SIZE_1_0: usize = 48;
+/// [`kvp_decode_args`] through `lse` (ABI 1.0).
+pub const KVP_DECODE_ARGS_STRUCT_SIZE_1_0: usize = 112;
+/// [`kvp_api`] through `decode` (ABI 1.0).
+pub const KVP_API_STRUCT_SIZE_1_0: usize = 312;
+
+// ---------------------------------------------------------------------------
 // Opaque handles (the nomicon's pattern: not constructible, not Send, not
 // Sync, not Unpin; only ever behind pointers)
 // ---------------------------------------------------------------------------

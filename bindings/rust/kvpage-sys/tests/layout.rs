@@ -11,9 +11,11 @@
 //!   for fields, a redeclaration of each function, which is a "conflicting
 //!   types" error when they differ);
 //! - every constant's value;
-//! - completeness both ways: each function, struct, enum constant, macro and
+//! - completeness both ways: each function, struct, enum constant,
+//!   object-like macro (the `KVP_*_STRUCT_SIZE_*` sizes included) and
 //!   typedef of the header is declared here, and nothing here is missing
-//!   from the header.
+//!   from the header. `tests/abi/check_bindings.py rust` (ctest
+//!   `abi_drift_rust`) also compares the fields' names and order.
 //!
 //! Needs a C compiler (`$CC`, else `cc`) and the header directory found by
 //! the build script (`KVPAGE_INCLUDE_DIR`, `KVPAGE_DIR`, pkg-config, or the
@@ -478,7 +480,14 @@ fn scan_header(text: &str) -> HeaderDecls {
         if let Some(d) = line.strip_prefix("#define ") {
             let name = ident_at_start(d);
             let value = d[name.len()..].trim();
-            if name.starts_with("KVP_") && name != "KVP_EXPORT" && !value.is_empty() {
+            // Function-like macros (KVP_STRUCT_SIZE) have no Rust constant;
+            // their uses (KVP_*_STRUCT_SIZE_*) do.
+            let function_like = d[name.len()..].starts_with('(');
+            if name.starts_with("KVP_")
+                && name != "KVP_EXPORT"
+                && !value.is_empty()
+                && !function_like
+            {
                 h.macros.insert(name.to_string());
             }
             continue;

@@ -1,8 +1,8 @@
-// Toolchain probe and test-support kernels (see kernels/launch.h).
+// Toolchain probe and test-support kernels (tests/kernels/test_kernels.h).
 #include <cuda_runtime.h>
 
 #include "kernels/common/grid_dependency.cuh"
-#include "kernels/launch.h"
+#include "tests/kernels/test_kernels.h"
 
 namespace kvpage {
 namespace kernels {

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kernels/common/quantize.cuh"
-#include "kernels/launch.h"
+#include "tests/kernels/test_kernels.h"
 
 namespace kvpage {
 namespace kernels {
