@@ -11,7 +11,8 @@
 // between calls), "eager time" times >= 50 single calls, each with the host
 // launch of its kernels inside the events.
 //
-// usage: kvpage-bench [--quick] [--csv FILE] [--hashes FILE] [--dtypes bf16,fp8,int8,int4]
+// usage: kvpage-bench [--quick] [--precise] [--csv FILE] [--hashes FILE] [--dtypes
+// bf16,fp8,int8,int4]
 // [--shapes SUBSTR,...]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -172,6 +173,12 @@ uint16_t ToHalf(float f) {
 
 // KVPAGE_BENCH_WRITE_INPUT=fp16: the cache write's K and V are FP16, as an
 // FP16 model's are (default BF16; the write kernel differs by input type).
+// --precise: every decoder in precise mode (kvp_decode_config.precise).
+bool& PreciseDecode() {
+  static bool on = false;
+  return on;
+}
+
 bool HalfWriteInput() {
   const char* env = std::getenv("KVPAGE_BENCH_WRITE_INPUT");
   return env != nullptr && std::string(env) == "fp16";
@@ -328,6 +335,7 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   dc.num_query_heads = shape.hq;
   dc.max_num_seqs = B;
   dc.max_context_len = max_len;
+  dc.precise = PreciseDecode() ? 1 : 0;
   kvp_decoder* dec = nullptr;
   Check(kvp_decoder_create(cache, &dc, &dec), "decoder");
   kvp_decode_args a;
@@ -397,6 +405,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--precise")) {
+      PreciseDecode() = true;
     } else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
       csv = argv[++i];
     } else if (!std::strcmp(argv[i], "--hashes") && i + 1 < argc) {
@@ -407,7 +417,8 @@ int main(int argc, char** argv) {
       only = split(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--csv FILE] [--hashes FILE] [--dtypes bf16,fp8,int8,int4] "
+                   "usage: %s [--quick] [--precise] [--csv FILE] [--hashes FILE] [--dtypes "
+                   "bf16,fp8,int8,int4] "
                    "[--shapes SUBSTR,...  (e.g. MHA,ragged,'B=512')]\n",
                    argv[0]);
       return 2;
@@ -431,6 +442,7 @@ int main(int argc, char** argv) {
         "block tables: each sequence's blocks adjacent (KVPAGE_BENCH_BLOCK_ORDER=linear)\n");
   }
   if (HalfWriteInput()) std::printf("cache write input: FP16 (KVPAGE_BENCH_WRITE_INPUT=fp16)\n");
+  if (PreciseDecode()) std::printf("decoders in precise mode (--precise)\n");
 
   std::vector<Shape> shapes;
   for (int b : {32, 64, 128, 256, 512}) {

@@ -588,6 +588,10 @@ kvp_error* ToDecoderOptions(const kvp_decode_config* config, kvpage::DecoderOpti
   o->out_dtype = static_cast<DType>(c.out_dtype);
   o->workspace = c.workspace;
   o->workspace_bytes = c.workspace_bytes;
+  if (c.precise != 0 && c.precise != 1) {
+    return InvalidArg(kvpage::StrFormat("config->precise = %d, must be 0 or 1", c.precise));
+  }
+  o->capacity.precise = c.precise != 0;
   return nullptr;
 }
 

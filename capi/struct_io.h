@@ -69,6 +69,7 @@ static_assert(KVP_CACHE_INFO_STRUCT_SIZE_1_0 == 64);
 static_assert(KVP_WRITE_ARGS_STRUCT_SIZE_1_0 == 64);
 static_assert(KVP_WRITE_STATS_STRUCT_SIZE_1_0 == 24);
 static_assert(KVP_DECODE_CONFIG_STRUCT_SIZE_1_0 == 48);
+static_assert(KVP_DECODE_CONFIG_STRUCT_SIZE_1_2 == 52);
 static_assert(KVP_DECODE_ARGS_STRUCT_SIZE_1_0 == 112);
 static_assert(KVP_API_STRUCT_SIZE_1_0 == 312);
 
@@ -84,7 +85,7 @@ static_assert(EndsAt<kvp_layer_layout>(KVP_LAYER_LAYOUT_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_cache_info>(KVP_CACHE_INFO_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_write_args>(KVP_WRITE_ARGS_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_write_stats>(KVP_WRITE_STATS_STRUCT_SIZE_1_0));
-static_assert(EndsAt<kvp_decode_config>(KVP_DECODE_CONFIG_STRUCT_SIZE_1_0));
+static_assert(EndsAt<kvp_decode_config>(KVP_DECODE_CONFIG_STRUCT_SIZE_1_2));
 static_assert(EndsAt<kvp_decode_args>(KVP_DECODE_ARGS_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_api>(KVP_API_STRUCT_SIZE_1_0));
 
@@ -94,6 +95,7 @@ static_assert(offsetof(kvp_cache_config, checked) == 64);
 static_assert(offsetof(kvp_layer_layout, v_scale_bytes) == 168);
 static_assert(offsetof(kvp_write_args, slot_mapping) == 56);
 static_assert(offsetof(kvp_decode_config, workspace_bytes) == 40);
+static_assert(offsetof(kvp_decode_config, precise) == 48);
 static_assert(offsetof(kvp_decode_args, lse) == 104);
 
 // The function table is append-only: these offsets are the ABI (with

@@ -63,8 +63,12 @@ DecodeTuning DecodeTuningFromEnvironment() {
   return t;
 }
 
-DecodeKernel ChooseDecodeKernel(const CacheGeometry& geo, int32_t rows, const DeviceProfile& device,
-                                const DecodeTuning& tuning) {
+DecodeKernel ChooseDecodeKernel(const CacheGeometry& geo, int32_t rows, bool precise,
+                                const DeviceProfile& device, const DecodeTuning& tuning) {
+  // Precise mode: the thread-group kernel keeps q, logits, P and the
+  // accumulators in FP32 (docs/ACCURACY.md); the tensor-core kernels feed
+  // 16-bit operands to the mma.
+  if (precise) return DecodeKernel::kThreadGroup;
   using kernels::KernelBuilt;
   // The tensor-core family: the kernel with a ring where the dtype and head
   // size have one (INT4 at head size <= 128), else the register path.
@@ -137,7 +141,7 @@ DecodePlan PlanDecode(const CacheGeometry& geo, const DecodeCapacity& cap,
   DecodePlan plan;
   const int32_t rows =
       geo.num_kv_heads > 0 ? cap.num_q_heads / geo.num_kv_heads * cap.max_query_len : 1;
-  plan.kernel = ChooseDecodeKernel(geo, rows, device, tuning);
+  plan.kernel = ChooseDecodeKernel(geo, rows, cap.precise, device, tuning);
   const kernels::DecodeKernelTraits t = kernels::KernelTraits(plan.kernel, geo, rows);
   plan.threads = t.threads;
   plan.max_num_seqs = cap.max_num_seqs;

@@ -23,6 +23,9 @@ struct DecodeCapacity {
   int32_t max_num_seqs = 0;
   int32_t max_context_len = 0;
   int32_t max_query_len = 1;
+  // kvp_decode_config.precise: FP32 from end to end (the plan runs the
+  // CUDA-core kernel).
+  bool precise = false;
 };
 
 // What the plan needs to know of a device.
@@ -64,9 +67,10 @@ struct DecodeTuning {
 DecodeTuning DecodeTuningFromEnvironment();
 
 // The partition kernel a decode with `rows` query rows per KV head at
-// capacity (num_q_heads / num_kv_heads * max_query_len) runs on `device`.
-DecodeKernel ChooseDecodeKernel(const CacheGeometry& geo, int32_t rows, const DeviceProfile& device,
-                                const DecodeTuning& tuning);
+// capacity (num_q_heads / num_kv_heads * max_query_len), in precise mode or
+// not, runs on `device`.
+DecodeKernel ChooseDecodeKernel(const CacheGeometry& geo, int32_t rows, bool precise,
+                                const DeviceProfile& device, const DecodeTuning& tuning);
 
 // The whole plan: ChooseDecodeKernel's kernel, its partition size by the
 // wave model (src/decode_partition.h) within its shared memory, grid,

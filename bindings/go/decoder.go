@@ -22,6 +22,12 @@ type DecodeConfig struct {
 	MaxQueryLen   int   // query tokens per sequence; default 1
 	QDType        DType // FP32, FP16 or BF16; default BF16
 	OutDType      DType // FP32, FP16 or BF16; default BF16
+	// Precise mode (ABI 1.2; default off): every decode of the decoder
+	// computes in FP32 from end to end, queries included, so that the LSE
+	// is accurate to FP32 rounding (for merging partial results by their
+	// LSE). On CUDA it runs the CUDA-core kernel, slower for GQA groups and
+	// quantized caches; the CPU backend is precise in every mode.
+	Precise bool
 }
 
 // DefaultDecodeConfig is the library's default configuration
@@ -33,10 +39,19 @@ func DefaultDecodeConfig() DecodeConfig {
 		NumQueryHeads: int(c.num_query_heads), MaxNumSeqs: int(c.max_num_seqs),
 		MaxContextLen: int(c.max_context_len), MaxQueryLen: int(c.max_query_len),
 		QDType: DType(c.q_dtype), OutDType: DType(c.out_dtype),
+		Precise: c.precise != 0,
 	}
 }
 
-func (cfg DecodeConfig) toC(workspace uintptr, workspaceBytes uint64) (C.kvp_decode_config, error) {
+// precise is cfg.Precise as kvp_decode_config.precise takes it.
+func (cfg DecodeConfig) precise() int32 {
+	if cfg.Precise {
+		return 1
+	}
+	return 0
+}
+
+func (cfg DecodeConfig) toC(workspace uintptr, workspaceBytes uint64, precise int32) (C.kvp_decode_config, error) {
 	var c C.kvp_decode_config
 	var v [4]C.int32_t
 	for i, x := range []struct {
@@ -51,14 +66,14 @@ func (cfg DecodeConfig) toC(workspace uintptr, workspaceBytes uint64) (C.kvp_dec
 		v[i] = n
 	}
 	C.kvpgo_decode_config(&c, v[0], v[1], v[2], v[3], C.int32_t(cfg.QDType), C.int32_t(cfg.OutDType),
-		C.uintptr_t(workspace), C.uint64_t(workspaceBytes))
+		C.uintptr_t(workspace), C.uint64_t(workspaceBytes), C.int32_t(precise))
 	return c, nil
 }
 
 // DecodeWorkspaceSize is the workspace a decoder with cfg needs (0 on the
 // CPU backend).
 func (c *Cache) DecodeWorkspaceSize(cfg DecodeConfig) (uint64, error) {
-	cc, err := cfg.toC(0, 0)
+	cc, err := cfg.toC(0, 0, cfg.precise())
 	if err != nil {
 		return 0, err
 	}
@@ -95,7 +110,14 @@ func (c *Cache) NewDecoder(cfg DecodeConfig) (*Decoder, error) {
 // [Cache.DecodeWorkspaceSize] bytes, which must stay valid and unused by
 // anything else until the decoder is closed. 0 means the decoder allocates.
 func (c *Cache) NewDecoderWithWorkspace(cfg DecodeConfig, workspace uintptr, workspaceBytes uint64) (*Decoder, error) {
-	cc, err := cfg.toC(workspace, workspaceBytes)
+	return c.newDecoder(cfg, workspace, workspaceBytes, cfg.precise())
+}
+
+// newDecoder is NewDecoderWithWorkspace with kvp_decode_config.precise as
+// the C API takes it (the tests pass a value the library refuses, to see it
+// arrive).
+func (c *Cache) newDecoder(cfg DecodeConfig, workspace uintptr, workspaceBytes uint64, precise int32) (*Decoder, error) {
+	cc, err := cfg.toC(workspace, workspaceBytes, precise)
 	if err != nil {
 		return nil, err
 	}

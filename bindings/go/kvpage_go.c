@@ -67,7 +67,8 @@ kvp_error* kvpgo_transfer_blocks(kvp_cache* dst, const kvp_cache* src, const int
 
 void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t max_num_seqs,
                          int32_t max_context_len, int32_t max_query_len, int32_t q_dtype,
-                         int32_t out_dtype, uintptr_t workspace, uint64_t workspace_bytes) {
+                         int32_t out_dtype, uintptr_t workspace, uint64_t workspace_bytes,
+                         int32_t precise) {
   kvp_decode_config_init(c);
   c->num_query_heads = num_query_heads;
   c->max_num_seqs = max_num_seqs;
@@ -77,6 +78,7 @@ void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t 
   c->out_dtype = out_dtype;
   c->workspace = (void*)workspace;
   c->workspace_bytes = workspace_bytes;
+  c->precise = precise;
 }
 
 kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs, int32_t query_len,

@@ -38,7 +38,8 @@ kvp_error* kvpgo_transfer_blocks(kvp_cache* dst, const kvp_cache* src, const int
 /* Fills a kvp_decode_config (workspace given as uintptr_t). */
 void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t max_num_seqs,
                          int32_t max_context_len, int32_t max_query_len, int32_t q_dtype,
-                         int32_t out_dtype, uintptr_t workspace, uint64_t workspace_bytes);
+                         int32_t out_dtype, uintptr_t workspace, uint64_t workspace_bytes,
+                         int32_t precise);
 
 kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs, int32_t query_len,
                         int32_t sliding_window, float sm_scale, float logits_soft_cap,

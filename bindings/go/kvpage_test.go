@@ -697,6 +697,78 @@ func TestCheckedModeReachesTheLibrary(t *testing.T) {
 	}
 }
 
+func TestPreciseModeReachesTheLibrary(t *testing.T) {
+	if DefaultDecodeConfig().Precise {
+		t.Fatal("DefaultDecodeConfig().Precise is true; the library's default is off")
+	}
+	c := smallCache(t)
+	defer c.Close()
+	cfg := DecodeConfig{NumQueryHeads: 2, MaxNumSeqs: 1, MaxContextLen: 32, MaxQueryLen: 1,
+		QDType: FP32, OutDType: FP32, Precise: true}
+	eq(t, "workspace of a precise decoder", must(c.DecodeWorkspaceSize(cfg)), uint64(0))
+	dec := must(c.NewDecoder(cfg))
+	eq(t, "Config().Precise", dec.Config().Precise, true)
+	ok(t, dec.Close())
+	// The value arrives in kvp_decode_config.precise: the library refuses 2
+	// and names the field.
+	if _, err := c.newDecoder(cfg, 0, 0, 2); !errors.Is(err, CodeInvalidArgument) ||
+		!strings.Contains(err.Error(), "config->precise = 2") {
+		t.Fatalf("newDecoder with precise = 2: %v", err)
+	}
+}
+
+// A precise decoder on the CPU backend (precise in every mode) gives the
+// default decoder's bits, and the reference's values.
+func TestPreciseDecoderOnCPU(t *testing.T) {
+	r, seed := newRng(t)
+	for _, dt := range []DType{FP16, INT8} {
+		cfg := DefaultCacheConfig()
+		cfg.NumBlocks, cfg.NumKVHeads, cfg.HeadSize, cfg.KDType, cfg.VDType = 8, tKVHeads, tD, dt, dt
+		cache := must(NewCache(cfg))
+		var seqs []SeqID
+		var models []*seqKV
+		for _, n := range []int{21, 6} {
+			s := must(cache.CreateSeq())
+			slots := must(cache.Append(s, n))
+			k, v := halves(r, n*tDense), halves(r, n*tDense)
+			ok(t, cache.Write(WriteArgs{Key: k, Value: v, SlotMapping: slots}))
+			m := &seqKV{}
+			m.push(k, v)
+			seqs, models = append(seqs, s), append(models, m)
+		}
+		table := must(cache.BlockTable(seqs, 2))
+		dc := DecodeConfig{NumQueryHeads: tQHeads, MaxNumSeqs: 2, MaxContextLen: 32, MaxQueryLen: 1,
+			QDType: FP32, OutDType: FP32}
+		def := must(cache.NewDecoder(dc))
+		dc.Precise = true
+		prec := must(cache.NewDecoder(dc))
+		q := normals(r, 2*tQHeads*tD)
+		outs := [2][]float32{poison32(2 * tQHeads * tD), poison32(2 * tQHeads * tD)}
+		lses := [2][]float32{poison32(2 * tQHeads), poison32(2 * tQHeads)}
+		for i, d := range []*Decoder{def, prec} {
+			ok(t, d.Decode(DecodeArgs{Q: q, BlockTable: table.Table, BlockTableWidth: 2,
+				SeqLens: table.SeqLens, Out: outs[i], LSE: lses[i]}))
+		}
+		for i := range outs[0] {
+			if math.Float32bits(outs[0][i]) != math.Float32bits(outs[1][i]) {
+				t.Fatalf("%v: out %d is %v precise, %v default (seed %d)", dt, i, outs[1][i], outs[0][i], seed)
+			}
+		}
+		for i := range lses[0] {
+			if math.Float32bits(lses[0][i]) != math.Float32bits(lses[1][i]) {
+				t.Fatalf("%v: lse %d is %v precise, %v default (seed %d)", dt, i, lses[1][i], lses[0][i], seed)
+			}
+		}
+		if dt == FP16 {
+			want, _ := reference(toF64(q), models, refOptions{})
+			expectClose(t, "precise FP16 decode", seed, outs[1], want, math.Ldexp(1, -20), 1e-6)
+		}
+		ok(t, def.Close())
+		ok(t, prec.Close())
+		ok(t, cache.Close())
+	}
+}
+
 func TestVersionsAndConversions(t *testing.T) {
 	eq(t, "Version", Version(), "0.1.0")
 	if major, _ := ABIVersion(); major != 1 {

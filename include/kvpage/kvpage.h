@@ -69,7 +69,7 @@ extern "C" {
  * major). Minor: entries appended to the function table or fields appended
  * to a struct. */
 #define KVP_ABI_MAJOR 1
-#define KVP_ABI_MINOR 1
+#define KVP_ABI_MINOR 2
 
 /* Struct sizes by ABI version, as PJRT_STRUCT_SIZE in OpenXLA's PJRT C API:
  * the bytes of `type` up to and including `last_field`. Each struct that
@@ -453,8 +453,31 @@ typedef struct kvp_decode_config {
    * share one. */
   void* workspace;
   uint64_t workspace_bytes;
+  /* Precise mode (default 0 = off, the fastest path): 1 computes every
+   * decode of this decoder in FP32 from end to end, queries included (FP32
+   * queries are not rounded to 16 bits; 16-bit ones are exact in FP32), so
+   * that the LSE is accurate to FP32 rounding and an engine that merges
+   * partial results by their LSE (cascade attention, split prefill) can
+   * rely on it. Precise mode runs the CUDA-core kernel: 1.0-1.7x the
+   * default's time for 16-bit caches, 1.3-4.6x for quantized ones
+   * (docs/PERFORMANCE.md). The CPU backend is precise either way.
+   *
+   * The precision contract of the CUDA decode, FP32 output against float64
+   * attention over the values the cache stores (rel-L2 over a batch), and
+   * the LSE's error as |error| / (1 + |LSE|), measured on Gaussian data, a
+   * peaked softmax, logits past 100 and a 32k context (docs/ACCURACY.md):
+   *  - precise mode, and the CUDA-core kernel wherever it runs (MHA on
+   *    16-bit caches, K and V of different dtypes): q, logits, P and the
+   *    sums in FP32; output <= 2e-5, LSE <= 1e-5;
+   *  - tensor-core kernels of BF16/FP16 caches: q and P each split into
+   *    two 16-bit parts (hi + lo), FP32 sums; output <= 2e-5, LSE <= 5e-5;
+   *  - tensor-core kernels of FP8/INT8/INT4 caches: q and P rounded to
+   *    FP16, FP32 sums; output <= 2e-3, LSE <= 4e-3.
+   * A 16-bit output adds its own rounding (at most half an ulp). */
+  int32_t precise; /* ABI 1.2 */
 } kvp_decode_config;
 #define KVP_DECODE_CONFIG_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_decode_config, workspace_bytes)
+#define KVP_DECODE_CONFIG_STRUCT_SIZE_1_2 KVP_STRUCT_SIZE(kvp_decode_config, precise)
 
 KVP_EXPORT void kvp_decode_config_init(kvp_decode_config* config);
 KVP_EXPORT kvp_error* kvp_decode_workspace_size(const kvp_cache* cache,

@@ -609,7 +609,7 @@ def self_test(target, root, header_text):
         _expect("header: the ABI 1.1 mark removed", check_header(t),
                 "KVP_CACHE_CONFIG_STRUCT_SIZE_1_0", "last field")
         t = _replace_once(header_text, "  float* lse;",
-                          "  float* lse;\n  int32_t appended; /* ABI 1.2 */\n")
+                          "  float* lse;\n  int32_t appended; /* ABI 1.3 */\n")
         _expect("header: a field marked past the ABI", check_header(t), "appended", "past")
         t = _replace_once(header_text, "KVP_EXPORT const kvp_api* kvp_get_api",
                           "KVP_EXPORT void kvp_new_function(void);\n"

@@ -1408,9 +1408,9 @@ std::vector<DecodeConfigCase> DecodeConfigCases(int32_t max_context) {
   return {
       {"struct_size 0", [](kvp_decode_config* c) { c->struct_size = 0; }, Msg("struct_size", "0")},
       {"struct_size 8", [](kvp_decode_config* c) { c->struct_size = 8; }, Msg("struct_size", "8")},
-      {"struct_size sizeof-8",
-       [](kvp_decode_config* c) { c->struct_size = sizeof(kvp_decode_config) - 8; },
-       Msg("struct_size", S(sizeof(kvp_decode_config) - 8))},
+      {"struct_size first released - 8",
+       [](kvp_decode_config* c) { c->struct_size = KVP_DECODE_CONFIG_STRUCT_SIZE_1_0 - 8; },
+       Msg("struct_size", S(KVP_DECODE_CONFIG_STRUCT_SIZE_1_0 - 8))},
       {"num_query_heads 0", [](kvp_decode_config* c) { c->num_query_heads = 0; },
        Msg("num_query_heads", "0")},
       {"num_query_heads -4", [](kvp_decode_config* c) { c->num_query_heads = -4; },
@@ -1441,6 +1441,8 @@ std::vector<DecodeConfigCase> DecodeConfigCases(int32_t max_context) {
       {"out_dtype INT4", [](kvp_decode_config* c) { c->out_dtype = KVP_DTYPE_INT4; },
        Msg("out_dtype", "5")},
       {"out_dtype -1", [](kvp_decode_config* c) { c->out_dtype = -1; }, Msg("out_dtype", "-1")},
+      {"precise 2", [](kvp_decode_config* c) { c->precise = 2; }, Msg("precise", "2")},
+      {"precise -1", [](kvp_decode_config* c) { c->precise = -1; }, Msg("precise", "-1")},
   };
 }
 

@@ -560,6 +560,50 @@ TEST(ConformanceCacheCreate, CpuCacheRefusesANonzeroDeviceOrdinal) {
   kvp_cache_destroy(cache);
 }
 
+// ---- Precise mode -------------------------------------------------------
+
+// kvp_decode_config.precise is 0 or 1; anything else is refused by both
+// calls that read a decode config, which then change nothing.
+TEST(ConformancePrecise, OnlyZeroOrOneAndTheSameWorkspace) {
+  kvp_cache_config cfg;
+  kvp_cache_config_init(&cfg);
+  cfg.num_blocks = 4;
+  cfg.num_kv_heads = 1;
+  kvp_cache* cache = nullptr;
+  ASSERT_OK(kvp_cache_create(&cfg, &cache));
+  kvp_decode_config dc;
+  kvp_decode_config_init(&dc);
+  EXPECT_EQ(dc.precise, 0);
+  dc.num_query_heads = 8;
+  dc.max_num_seqs = 2;
+  dc.max_context_len = 64;
+  for (int32_t bad : {2, -1, INT32_MAX}) {
+    SCOPED_TRACE(bad);
+    dc.precise = bad;
+    kvp_decoder* dec = reinterpret_cast<kvp_decoder*>(0x1);
+    ExpectError(kvp_decoder_create(cache, &dc, &dec), KVP_ERR_INVALID_ARGUMENT,
+                {"config->precise", std::to_string(bad)});
+    EXPECT_EQ(dec, reinterpret_cast<kvp_decoder*>(0x1));
+    uint64_t bytes = 12345;
+    ExpectError(kvp_decode_workspace_size(cache, &dc, &bytes), KVP_ERR_INVALID_ARGUMENT,
+                {"config->precise"});
+    EXPECT_EQ(bytes, 12345u);
+  }
+  for (int32_t ok : {0, 1}) {
+    dc.precise = ok;
+    kvp_decoder* dec = nullptr;
+    ASSERT_OK(kvp_decoder_create(cache, &dc, &dec));
+    kvp_decoder_destroy(dec);
+  }
+  // A caller built against ABI 1.0 passes the shorter struct: precise off.
+  dc.precise = 7;  // past the caller's struct_size: never read
+  dc.struct_size = KVP_DECODE_CONFIG_STRUCT_SIZE_1_0;
+  kvp_decoder* dec = nullptr;
+  ASSERT_OK(kvp_decoder_create(cache, &dc, &dec));
+  kvp_decoder_destroy(dec);
+  kvp_cache_destroy(cache);
+}
+
 // ---- Writes of no tokens, decodes of no sequences --------------------------------
 
 TEST(ConformanceZeroCounts, WriteOfNoTokensSucceedsButChecksTheOtherArguments) {

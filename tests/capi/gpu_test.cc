@@ -12,6 +12,7 @@
 // the row term covering sums that cancel. LSE within 1e-3 absolute.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -903,6 +904,195 @@ TEST(GpuCache, EveryCallFromAnotherCurrentDevice) {
   kvp_cache_destroy(cache);
   ASSERT_CUDA(cudaGetDevice(&now));
   EXPECT_EQ(now, g.calling_device);
+}
+
+// ---- The precision contract (docs/ACCURACY.md, "What each path rounds") --
+
+// What a GPU decode's FP32 output and LSE are off by, against float64
+// attention over the dequantized cache.
+struct DecodeErrors {
+  double out_rel_l2 = 0;  // ||out - ref|| / ||ref|| over every row
+  double lse_err = 0;     // max |lse - ref| / (1 + |ref|)
+  double lse_max = 0;     // max |ref lse|
+};
+
+// Runs `b` (FP32 q and out, LSE on) through a decoder of the GPU cache,
+// precise or not, and measures it against the float64 reference.
+DecodeErrors MeasureDecode(const Twins& twins, const Batch& b, int max_context_len, int precise) {
+  DecodeErrors e;
+  kvp_decode_config dc;
+  kvp_decode_config_init(&dc);
+  dc.num_query_heads = b.hq;
+  dc.max_num_seqs = b.num_seqs;
+  dc.max_context_len = max_context_len;
+  dc.q_dtype = KVP_DTYPE_FP32;
+  dc.out_dtype = KVP_DTYPE_FP32;
+  dc.precise = precise;
+  kvp_decoder* dec = nullptr;
+  EXPECT_EQ(twins.OnGpu([&] { return kvp_decoder_create(twins.gpu(), &dc, &dec); }), "");
+  if (dec == nullptr) return e;
+  kvp_cache_info info;
+  kvp_cache_info_init(&info);
+  EXPECT_EQ(TakeError(kvp_cache_get_info(twins.cpu(), &info)), "");
+  const int D = info.head_size;
+  const size_t rows = size_t(b.num_seqs) * b.hq;
+  DeviceBuffer<uint8_t> dq(b.q);
+  DeviceBuffer<int32_t> dtable(b.table), dlens(b.lens);
+  DeviceBuffer<float> dout(std::vector<float>(rows * D, std::nanf(""))),
+      dlse(std::vector<float>(rows, std::nanf("")));
+  kvp_decode_args a;
+  kvp_decode_args_init(&a);
+  a.num_seqs = b.num_seqs;
+  a.sm_scale = b.sm_scale;
+  a.q = dq.get();
+  a.block_table = dtable.get();
+  a.block_table_width = b.width;
+  a.seq_lens = dlens.get();
+  a.out = dout.get();
+  a.lse = dlse.get();
+  EXPECT_EQ(twins.OnGpu([&] { return kvp_decode(dec, &a, nullptr); }), "");
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  kvp_decoder_destroy(dec);
+  const std::vector<float> out = dout.Read(rows * D), lse = dlse.Read(rows);
+
+  DecodeProblem p;
+  p.num_seqs = b.num_seqs;
+  p.num_q_heads = b.hq;
+  p.head_size = D;
+  p.q_dtype = KVP_DTYPE_FP32;
+  p.q = b.q;
+  p.block_table = b.table;
+  p.block_table_width = b.width;
+  p.seq_lens = b.lens;
+  p.sm_scale = b.sm_scale;
+  std::vector<double> ref_out, ref_lse;
+  ReferenceDecode(DequantizedLayer::Read(twins.cpu(), 0), p, &ref_out, &ref_lse);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref_out.size(); ++i) {
+    num += (out[i] - ref_out[i]) * (out[i] - ref_out[i]);
+    den += ref_out[i] * ref_out[i];
+  }
+  e.out_rel_l2 = std::isfinite(num) ? std::sqrt(num / den) : INFINITY;
+  for (size_t r = 0; r < rows; ++r) {
+    const double err = std::abs(lse[r] - ref_lse[r]) / (1 + std::abs(ref_lse[r]));
+    e.lse_err = std::isfinite(err) ? std::max(e.lse_err, err) : INFINITY;
+    e.lse_max = std::max(e.lse_max, std::abs(ref_lse[r]));
+  }
+  return e;
+}
+
+// Every kernel the plan can choose, on data that stresses each rounding
+// (Gaussian; a peaked softmax; logits past 100, as in the cascade
+// example; a 32k context), in default and precise mode, against the bounds
+// docs/ACCURACY.md states. Prints the measured errors (the document's table
+// is made from them by bench/accuracy.py on the same data).
+TEST(GpuDecode, PrecisionContract) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
+  struct Path {
+    const char* kernel;  // what the plan runs in default mode (docs/DESIGN.md)
+    int dtype, block_size, hq;
+    double out_bound, lse_bound;  // default mode; precise mode: kPrecise*
+  };
+  // Bounds (include/kvpage/kvpage.h, docs/ACCURACY.md): FP32 output rel-L2
+  // and LSE error / (1 + |LSE|), about 4x the largest measured on an H100
+  // over these data. The 16-bit caches' tensor-core kernels split q and P
+  // into hi + lo 16-bit parts; the quantized caches' round both to FP16.
+  const Path paths[] = {
+      {"thread-group (MHA BF16)", KVP_DTYPE_BF16, 16, 1, 2e-5, 1e-5},
+      {"tensor-core staged (BF16)", KVP_DTYPE_BF16, 16, 8, 2e-5, 5e-5},
+      {"tensor-core registers (FP16, block 32)", KVP_DTYPE_FP16, 32, 8, 2e-5, 5e-5},
+      {"tensor-core registers (FP8)", KVP_DTYPE_FP8_E4M3, 16, 8, 2e-3, 4e-3},
+      {"tensor-core registers (INT8)", KVP_DTYPE_INT8, 16, 8, 2e-3, 4e-3},
+      {"tensor-core ring (INT4)", KVP_DTYPE_INT4, 16, 8, 2e-3, 4e-3},
+  };
+  constexpr double kPreciseOut = 2e-5, kPreciseLse = 1e-5;
+  enum Data { kGaussian, kPeaked, kLargeLogits, kLongContext };
+  const char* data_names[] = {"gaussian", "peaked", "large logits", "32k context"};
+  for (const Path& path : paths) {
+    for (int data : {kGaussian, kPeaked, kLargeLogits, kLongContext}) {
+      SCOPED_TRACE(absl::StrFormat("%s, %s", path.kernel, data_names[data]));
+      Geometry g;
+      g.k_dtype = g.v_dtype = path.dtype;
+      g.block_size = path.block_size;
+      g.num_kv_heads = 2;
+      g.num_layers = 1;
+      const std::vector<int> lens =
+          data == kLongContext ? std::vector<int>{32768} : std::vector<int>{2048, 517, 1};
+      g.num_blocks = BlocksFor(lens, g.block_size) + 2;
+      Twins twins(g, rng);
+      ASSERT_EQ(twins.error(), "");
+      const Layout l = RandomLayout(rng, lens, g.block_size, g.num_blocks);
+      const int D = g.head_size;
+      std::vector<float> k = rng.normals(l.slots.size() * twins.token_elems());
+      std::vector<float> v = rng.normals(l.slots.size() * twins.token_elems());
+      Batch b;
+      b.num_seqs = static_cast<int>(lens.size());
+      b.hq = path.hq * g.num_kv_heads;
+      b.table = l.table;
+      b.lens = l.lens;
+      b.width = l.width;
+      std::vector<float> q =
+          rng.normals(size_t(b.num_seqs) * b.hq * D, data == kPeaked ? 6.0f : 1.0f);
+      if (data == kLargeLogits) {
+        // Channel 0 of every key 30 (plus noise), of every query 40: logits
+        // near 106 at the default scale, where 16-bit q costs 2^-11 of them.
+        for (size_t t = 0; t < k.size(); t += D) k[t] = 30.0f + rng.normal(0.5f);
+        for (size_t t = 0; t < q.size(); t += D) q[t] = 40.0f + rng.normal(1.0f);
+      }
+      ASSERT_EQ(twins.Write(0, KVP_DTYPE_FP32, l.slots, k, v), "");
+      StoreElements(KVP_DTYPE_FP32, q, &b.q);
+      const int ctx = lens[0];
+      const DecodeErrors fast = MeasureDecode(twins, b, ctx, 0);
+      const DecodeErrors precise = MeasureDecode(twins, b, ctx, 1);
+      std::printf(
+          "precision | %-40s | %-12s | |lse| <= %6.1f | default out %.2e lse %.2e | "
+          "precise out %.2e lse %.2e\n",
+          path.kernel, data_names[data], fast.lse_max, fast.out_rel_l2, fast.lse_err,
+          precise.out_rel_l2, precise.lse_err);
+      EXPECT_LE(fast.out_rel_l2, path.out_bound);
+      EXPECT_LE(fast.lse_err, path.lse_bound);
+      EXPECT_LE(precise.out_rel_l2, kPreciseOut);
+      EXPECT_LE(precise.lse_err, kPreciseLse);
+    }
+  }
+}
+
+// The minimal case: an INT8 cache of 2 tokens, q = 1 + 2^-12 in
+// every channel, FP32 q and out. The tensor-core path rounds q to FP16 (the
+// result equals that of q = 1); precise mode sees the difference, and its
+// LSE is within FP32 rounding of float64's.
+TEST(GpuDecode, PreciseModeKeepsFp32Queries) {
+  SKIP_WITHOUT_GPU();
+  Rng rng;
+  SCOPED_TRACE(absl::StrFormat("seed=%d", rng.seed));
+  Geometry g;
+  g.num_kv_heads = 1;
+  g.num_layers = 1;
+  g.num_blocks = 4;
+  Twins twins(g, rng);
+  ASSERT_EQ(twins.error(), "");
+  const Layout l = RandomLayout(rng, {2}, g.block_size, g.num_blocks);
+  ASSERT_EQ(twins.Write(0, KVP_DTYPE_FP32, l.slots, rng.normals(2 * 128), rng.normals(2 * 128)),
+            "");
+  Batch b;
+  b.num_seqs = 1;
+  b.hq = 8;  // a GQA group of 8: the tensor-core kernel in default mode
+  b.table = l.table;
+  b.lens = l.lens;
+  b.width = l.width;
+  b.sm_scale = 1.0f / 16;
+  StoreElements(KVP_DTYPE_FP32, std::vector<float>(8 * 128, 1.0f + std::ldexp(1.0f, -12)), &b.q);
+  const DecodeErrors fast = MeasureDecode(twins, b, 2, 0);
+  const DecodeErrors precise = MeasureDecode(twins, b, 2, 1);
+  std::printf("minimal case: default lse err %.2e, precise lse err %.2e\n", fast.lse_err,
+              precise.lse_err);
+  EXPECT_LE(precise.lse_err, 1e-5);
+  EXPECT_LE(precise.out_rel_l2, 2e-5);
+  // The default path's rounding of q shows in the LSE: what precise mode
+  // is for.
+  EXPECT_GT(fast.lse_err, 10 * precise.lse_err);
 }
 
 #endif  // KVPAGE_HAVE_CUDA

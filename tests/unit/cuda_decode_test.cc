@@ -102,7 +102,7 @@ DecodeKernel CaseKernel(const CacheGeometry& geo, int32_t rows, DecodePath path,
   DecodeTuning t;
   t.path = path;
   t.staged = staged;
-  return ChooseDecodeKernel(geo, rows, TestDevice(), t);
+  return ChooseDecodeKernel(geo, rows, false, TestDevice(), t);
 }
 
 // One decode problem.

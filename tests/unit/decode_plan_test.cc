@@ -168,6 +168,14 @@ TEST(DecodePlan, TuningOverrides) {
   EXPECT_EQ(PlanDecode(bf16, cap, kH100, t).max_partitions, 86);
   t.partition_size = 1 << 20;  // does not fit shared memory: the wave model's
   EXPECT_EQ(PlanDecode(bf16, cap, kH100, t).partition_size, 4096);
+  // Precise mode runs the CUDA-core kernel whatever the cache and tuning.
+  DecodeCapacity precise = cap;
+  precise.precise = true;
+  t = {};
+  t.path = DecodePath::kTensorCore;
+  EXPECT_EQ(PlanDecode(bf16, precise, kH100, t).kernel, K::kThreadGroup);
+  EXPECT_EQ(PlanDecode(int4, precise, kH100, {}).kernel, K::kThreadGroup);
+  EXPECT_EQ(PlanDecode(int4, precise, kH100, {}).partition_size, 512);
   t = {};
   t.dependent_decode = false;
   EXPECT_FALSE(PlanDecode(bf16, cap, kH100, t).dependent_launch);
@@ -245,10 +253,12 @@ TEST(DecodePlan, InvariantsOverRandomShapes) {
         Capacity(hkv * (1 << (rng() % 4)), 1 + static_cast<int>(rng() % 600),
                  1 + static_cast<int>(rng() % 200000), 1 + static_cast<int>(rng() % 8));
     const DeviceProfile& dev = devices[rng() % 3];
+    DecodeCapacity capacity = cap;
+    capacity.precise = rng() % 4 == 0;
     DecodeTuning t;
     t.path = static_cast<DecodePath>(rng() % 3);
     t.staged = rng() % 2;
-    const DecodePlan plan = PlanDecode(g, cap, dev, t);
+    const DecodePlan plan = PlanDecode(g, capacity, dev, t);
     const int32_t rows = cap.num_q_heads / hkv * cap.max_query_len;
     SCOPED_TRACE(testing::Message() << DTypeName(g.k_dtype) << "/" << DTypeName(g.v_dtype) << " D="
                                     << g.head_size << " bs=" << g.block_size << " rows=" << rows
@@ -262,7 +272,9 @@ TEST(DecodePlan, InvariantsOverRandomShapes) {
               (cap.max_context_len + plan.partition_size - 1) / plan.partition_size);
     if (plan.direct_output) ASSERT_TRUE(kernels::KernelTraits(plan.kernel, g, rows).writes_output);
     if (plan.kernel == K::kTensorCoreStaged) ASSERT_GE(dev.cc_major, 9);
-    if (t.path == DecodePath::kThreadGroup) ASSERT_EQ(plan.kernel, K::kThreadGroup);
+    if (t.path == DecodePath::kThreadGroup || capacity.precise) {
+      ASSERT_EQ(plan.kernel, K::kThreadGroup);
+    }
     // The workspace holds every row's partials.
     const DecodeWorkspaceLayout l = PlanWorkspace(g, cap, plan);
     const int64_t partials =

@@ -553,7 +553,7 @@ class Cache(object):
     # -- decode ---------------------------------------------------------------
 
     def _decode_config(self, num_query_heads, max_num_seqs, max_context_len, max_query_len,
-                       q_dtype, out_dtype, workspace=None):
+                       q_dtype, out_dtype, precise=False):
         c = DecodeConfig()
         self._lib.api.decode_config_init(ctypes.byref(c))
         c.num_query_heads = _i32(num_query_heads, "num_query_heads")
@@ -562,23 +562,27 @@ class Cache(object):
         c.max_query_len = _i32(max_query_len, "max_query_len")
         c.q_dtype = int(as_dtype(q_dtype, "q_dtype"))
         c.out_dtype = int(as_dtype(out_dtype, "out_dtype"))
+        c.precise = 1 if precise else 0
         return c
 
     def decode_workspace_size(self, num_query_heads, max_num_seqs, max_context_len,
-                              max_query_len=1, q_dtype=DType.BF16, out_dtype=DType.BF16):
+                              max_query_len=1, q_dtype=DType.BF16, out_dtype=DType.BF16,
+                              precise=False):
         """Bytes of the workspace a decoder of these capacities needs."""
         c = self._decode_config(num_query_heads, max_num_seqs, max_context_len, max_query_len,
-                                q_dtype, out_dtype)
+                                q_dtype, out_dtype, precise)
         n = ctypes.c_uint64()
         self._lib.check(self._lib.api.decode_workspace_size(self._h(), ctypes.byref(c),
                                                             ctypes.byref(n)))
         return n.value
 
     def decoder(self, num_query_heads, max_num_seqs, max_context_len, max_query_len=1, *,
-                q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None):
-        """A Decoder whose capacities fix the launch shape (graph-stable)."""
+                q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None, precise=False):
+        """A Decoder whose capacities fix the launch shape (graph-stable).
+        ``precise=True``: precise mode (kvp_decode_config.precise), see Decoder."""
         return Decoder(self, num_query_heads, max_num_seqs, max_context_len, max_query_len,
-                       q_dtype=q_dtype, out_dtype=out_dtype, workspace=workspace)
+                       q_dtype=q_dtype, out_dtype=out_dtype, workspace=workspace,
+                       precise=precise)
 
 
 class _CudaMemory(object):
@@ -644,13 +648,20 @@ class Sequence(object):
 
 
 class Decoder(object):
-    """Decode attention over a cache (kvp_decoder). Call it, or ``decode()``."""
+    """Decode attention over a cache (kvp_decoder). Call it, or ``decode()``.
+
+    ``precise=True`` turns on precise mode (kvp_decode_config.precise): every
+    decode of the decoder computes in FP32 from end to end, queries
+    included, so that the LSE is accurate to FP32 rounding (for merging
+    partial results by their LSE). On CUDA it runs the CUDA-core kernel,
+    slower for GQA groups and quantized caches; the CPU backend is precise
+    either way."""
 
     def __init__(self, cache, num_query_heads, max_num_seqs, max_context_len, max_query_len=1, *,
-                 q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None):
+                 q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None, precise=False):
         lib = cache._lib
         c = cache._decode_config(num_query_heads, max_num_seqs, max_context_len, max_query_len,
-                                 q_dtype, out_dtype)
+                                 q_dtype, out_dtype, precise)
         keep = []
         if workspace is not None:
             w = A.adapt(workspace, "workspace", writable=True)
@@ -675,6 +686,7 @@ class Decoder(object):
         self.max_query_len = c.max_query_len
         self.q_dtype = DType(c.q_dtype)
         self.out_dtype = DType(c.out_dtype)
+        self.precise = bool(c.precise)
         self.workspace = workspace
         # The finalizer holds the cache: a decoder never outlives it.
         self._finalizer = weakref.finalize(self, _destroy_decoder, lib.api, self._handle,

@@ -15,7 +15,7 @@ import os
 import threading
 
 ABI_MAJOR = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 # ---------------------------------------------------------------------------
 # Enums (stable numbers: kvpage.h)
@@ -252,6 +252,7 @@ class DecodeConfig(ctypes.Structure):
         ("out_dtype", ctypes.c_int32),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_uint64),
+        ("precise", ctypes.c_int32),  # ABI 1.2
     ]
 
 

@@ -39,8 +39,8 @@ class LoadingTest(unittest.TestCase):
         self.assertIn("int4", info["kv_dtypes"])
 
     def test_struct_sizes_are_the_first_released_ones(self):
-        # ABI 1.0 sizes, except where ABI 1.1 appended a field.
-        grown = {_lib.CacheConfig: 72}
+        # ABI 1.0 sizes, except where ABI 1.1 or 1.2 appended a field.
+        grown = {_lib.CacheConfig: 72, _lib.DecodeConfig: 56}
         for struct_type, size in _lib.FIRST_RELEASED_SIZES.items():
             self.assertEqual(ctypes.sizeof(struct_type), grown.get(struct_type, size),
                              struct_type.__name__)
@@ -50,6 +50,7 @@ class LoadingTest(unittest.TestCase):
         self.assertEqual(_lib.LayerLayout.v_scale_bytes.offset, 168)
         self.assertEqual(_lib.WriteArgs.slot_mapping.offset, 56)
         self.assertEqual(_lib.DecodeConfig.workspace_bytes.offset, 40)
+        self.assertEqual(_lib.DecodeConfig.precise.offset, 48)
         self.assertEqual(_lib.DecodeArgs.lse.offset, 104)
         for field, off in (("version_string", 16), ("error_code", 40), ("cache_create", 96),
                            ("seq_create", 144), ("cache_write", 216),
@@ -263,7 +264,8 @@ class WriteDecodeTest(unittest.TestCase):
     public layout, decode, and compare with float64 attention."""
 
     def run_case(self, k_dtype, v_dtype, input_dtype, q_dtype, out_dtype, *, query_len=1,
-                 smoothing=False, alibi=False, window=0, soft_cap=0.0, sm_scale=0.0, pad_row=False):
+                 smoothing=False, alibi=False, window=0, soft_cap=0.0, sm_scale=0.0, pad_row=False,
+                 precise=False):
         r = pyref.rng(self)
         msg = "seed=%d" % self._seed
         HKV, HD = 2, 64
@@ -312,7 +314,8 @@ class WriteDecodeTest(unittest.TestCase):
         table, tlens = cache.export_block_table(seqs, W)
         self.assertEqual(list(tlens), lens)
         dec = cache.decoder(HQ, len(lens), 3 * bs + 8, max_query_len=query_len,
-                            q_dtype=q_dtype, out_dtype=out_dtype)
+                            q_dtype=q_dtype, out_dtype=out_dtype, precise=precise)
+        self.assertEqual(dec.precise, precise)
         nq = len(lens) * query_len * HQ * HD
         qbuf, qx = pyref.encode(pyref.gaussians(r, nq), q_dtype)
         out = pyref.poisoned(nq, out_dtype)
@@ -370,6 +373,9 @@ class WriteDecodeTest(unittest.TestCase):
 
     def test_speculative_query_len_and_key_smoothing(self):
         self.run_case(D.INT4, D.INT8, D.BF16, D.FP32, D.FP32, query_len=3, smoothing=True)
+
+    def test_precise_decoder(self):
+        self.run_case(D.INT8, D.FP16, D.FP16, D.BF16, D.FP32, query_len=2, precise=True)
 
     def test_padding_slots_are_skipped_and_stats_counted(self):
         r = pyref.rng(self)
@@ -485,6 +491,55 @@ class ArgumentCheckTest(unittest.TestCase):
         self.assertEqual(kvpage.parse_device("cpu"), (kvpage.DeviceKind.CPU, 0))
         with self.assertRaises(kvpage.InvalidArgumentError):
             kvpage.as_dtype(17)
+
+
+class PreciseModeTest(unittest.TestCase):
+    """kvp_decode_config.precise (ABI 1.2) through Cache.decoder(precise=)."""
+
+    def test_value_reaches_the_library(self):
+        with kvpage.Cache(num_blocks=4, num_kv_heads=1, head_size=64) as c:
+            self.assertFalse(c.decoder(2, 1, 32).precise)  # the library's default: off
+            dec = c.decoder(2, 1, 32, q_dtype="fp32", out_dtype="fp32", precise=True)
+            self.assertTrue(dec.precise)
+            self.assertEqual(c.decode_workspace_size(2, 1, 32, precise=True), 0)
+            # The library refuses 2 and names the field: the struct carries it.
+            cfg = c._decode_config(2, 1, 32, 1, D.FP32, D.FP32, True)
+            self.assertEqual(cfg.precise, 1)
+            cfg.precise = 2
+            lib = kvpage.library()
+            handle = ctypes.c_void_p()
+            with self.assertRaises(kvpage.InvalidArgumentError) as cm:
+                lib.check(lib.api.decoder_create(c._h(), ctypes.byref(cfg), ctypes.byref(handle)))
+            self.assertIn("config->precise = 2", cm.exception.message)
+            self.assertIsNone(handle.value)
+
+    def test_precise_decoder_gives_the_default_bits_on_cpu(self):
+        # The CPU backend is precise either way.
+        r = pyref.rng(self)
+        msg = "seed=%d" % self._seed
+        for dtype in (D.FP16, D.INT8, D.INT4):
+            with kvpage.Cache(num_blocks=8, num_kv_heads=2, head_size=64, dtype=dtype) as c:
+                lens = [21, 6, 1]
+                seqs = [c.create_sequence() for _ in lens]
+                slots = []
+                for s, n in zip(seqs, lens):
+                    slots.extend(s.append(n))
+                k = array.array("f", pyref.gaussians(r, len(slots) * 128))
+                v = array.array("f", pyref.gaussians(r, len(slots) * 128))
+                c.write(0, k, v, slots)
+                table, tlens = c.export_block_table(seqs, 2)
+                q = array.array("f", pyref.gaussians(r, len(lens) * 4 * 64))
+                outs = []
+                for precise in (False, True):
+                    dec = c.decoder(4, len(lens), 32, q_dtype="fp32", out_dtype="fp32",
+                                    precise=precise)
+                    out = pyref.poisoned(len(q), D.FP32)
+                    lse = array.array("f", [float("nan")] * (len(lens) * 4))
+                    dec(q, table, tlens, out=out, block_table_width=2, lse=lse)
+                    outs.append((out.tobytes(), lse.tobytes()))
+                self.assertEqual(outs[1][0], outs[0][0], "%s %s out" % (msg, dtype.name))
+                self.assertEqual(outs[1][1], outs[0][1], "%s %s lse" % (msg, dtype.name))
+                self.assertTrue(all(math.isfinite(x) for x in array.array("f", outs[1][0])))
 
 
 class BlockCopyTest(unittest.TestCase):

@@ -50,7 +50,7 @@ pub const KVP_VERSION_STRING: &str = "0.1.0";
 /// ABI version of the header these declarations match. Major: something
 /// removed or reordered; minor: entries or fields appended.
 pub const KVP_ABI_MAJOR: u32 = 1;
-pub const KVP_ABI_MINOR: u32 = 1;
+pub const KVP_ABI_MINOR: u32 = 2;
 
 // ---------------------------------------------------------------------------
 // Struct sizes by ABI version (the header's KVP_<NAME>_STRUCT_SIZE_<major>_<minor>,
@@ -75,6 +75,8 @@ pub const KVP_WRITE_ARGS_STRUCT_SIZE_1_0: usize = 64;
 pub const KVP_WRITE_STATS_STRUCT_SIZE_1_0: usize = 24;
 /// [`kvp_decode_config`] through `workspace_bytes` (ABI 1.0).
 pub const KVP_DECODE_CONFIG_STRUCT_SIZE_1_0: usize = 48;
+/// [`kvp_decode_config`] through `precise` (ABI 1.2).
+pub const KVP_DECODE_CONFIG_STRUCT_SIZE_1_2: usize = 52;
 /// [`kvp_decode_args`] through `lse` (ABI 1.0).
 pub const KVP_DECODE_ARGS_STRUCT_SIZE_1_0: usize = 112;
 /// [`kvp_api`] through `decode` (ABI 1.0).
@@ -258,6 +260,8 @@ pub struct kvp_decode_config {
     pub out_dtype: i32,
     pub workspace: *mut c_void,
     pub workspace_bytes: u64,
+    /// ABI 1.2: precise mode (0 or 1): every decode in FP32 from end to end.
+    pub precise: i32,
 }
 
 /// Arguments of [`kvp_decode`]; fill with [`kvp_decode_args_init`].

@@ -155,6 +155,7 @@ fn rust_layouts() -> Vec<RustLayout> {
             out_dtype,
             workspace,
             workspace_bytes,
+            precise,
         }),
         layout!(kvp_decode_args {
             struct_size,

@@ -25,6 +25,13 @@ pub struct DecodeConfig {
     pub q_dtype: DType,
     /// Fp32, Fp16 or Bf16; default Bf16.
     pub out_dtype: DType,
+    /// Precise mode: every decode of this decoder computes in FP32 from end
+    /// to end, queries included, so that the LSE is accurate to FP32
+    /// rounding (for engines that merge partial results by their LSE). On
+    /// CUDA it runs the CUDA-core kernel, slower for GQA groups and
+    /// quantized caches; the CPU backend is precise either way. Default
+    /// false.
+    pub precise: bool,
 }
 
 fn raw_decode_config() -> sys::kvp_decode_config {
@@ -46,6 +53,7 @@ impl Default for DecodeConfig {
             max_query_len: c.max_query_len,
             q_dtype: DType::from_raw(c.q_dtype).unwrap_or(DType::Bf16),
             out_dtype: DType::from_raw(c.out_dtype).unwrap_or(DType::Bf16),
+            precise: c.precise != 0,
         }
     }
 }
@@ -69,6 +77,7 @@ impl DecodeConfig {
         c.max_query_len = self.max_query_len;
         c.q_dtype = self.q_dtype.raw();
         c.out_dtype = self.out_dtype.raw();
+        c.precise = i32::from(self.precise);
         c
     }
 }

@@ -697,6 +697,128 @@ fn int8_cache_against_stored_and_original_values() {
 }
 
 // ---------------------------------------------------------------------------
+// Precise mode (kvp_decode_config.precise, ABI 1.2)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn precise_decoder_decodes_as_the_default_one() {
+    let mut rng = Rng::new();
+    let seed = rng.seed;
+    assert!(
+        !DecodeConfig::default().precise,
+        "precise mode is off by default"
+    );
+    for dtype in [DType::Fp16, DType::Int8] {
+        let cache = Cache::new(&CacheConfig {
+            head_size: D as i32,
+            k_dtype: dtype,
+            v_dtype: dtype,
+            ..CacheConfig::new(8, KV_HEADS as i32)
+        })
+        .unwrap();
+        let mut seqs = Vec::new();
+        let mut models = Vec::new();
+        for n in [21, 6] {
+            let s = cache.create_seq().unwrap();
+            let slots = cache.append(s, n).unwrap();
+            let (k, v) = (rng.halves(n * DENSE), rng.halves(n * DENSE));
+            cache.write(&WriteArgs::new(0, &k, &v, &slots)).unwrap();
+            let mut m = SeqKv::default();
+            m.push(&k, &v);
+            models.push(m);
+            seqs.push(s);
+        }
+        let table = cache.block_table(&seqs, 2).unwrap();
+        let config = DecodeConfig {
+            q_dtype: DType::Fp32,
+            out_dtype: DType::Fp32,
+            ..DecodeConfig::new(Q_HEADS as i32, 2, 32)
+        };
+        let mut default = cache.decoder(&config).unwrap();
+        let mut precise = cache
+            .decoder(&DecodeConfig {
+                precise: true,
+                ..config.clone()
+            })
+            .unwrap();
+        assert!(precise.config().precise && !default.config().precise);
+
+        let q = rng.normals(2 * Q_HEADS * D);
+        let (mut out_d, mut lse_d) = (
+            poisoned::<f32>(2 * Q_HEADS * D),
+            vec![f32::NAN; 2 * Q_HEADS],
+        );
+        let (mut out_p, mut lse_p) = (
+            poisoned::<f32>(2 * Q_HEADS * D),
+            vec![f32::NAN; 2 * Q_HEADS],
+        );
+        let args = DecodeArgs::new(0, &q, &table);
+        default.decode(&args, &mut out_d, Some(&mut lse_d)).unwrap();
+        precise.decode(&args, &mut out_p, Some(&mut lse_p)).unwrap();
+        // The CPU backend is precise either way: the same bits.
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&out_p),
+            bits(&out_d),
+            "{:?} out (seed {})",
+            dtype,
+            seed
+        );
+        assert_eq!(
+            bits(&lse_p),
+            bits(&lse_d),
+            "{:?} lse (seed {})",
+            dtype,
+            seed
+        );
+        if dtype == DType::Fp16 {
+            let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+            let (want, _) = reference(&q64, &[&models[0], &models[1]], Options::default());
+            expect_close(
+                "precise FP16 decode",
+                seed,
+                &out_p,
+                &want,
+                2f64.powi(-20),
+                1e-6,
+            );
+        }
+    }
+
+    // The value reaches kvp_decoder_create: the library refuses 2.
+    let cache = Cache::new(&CacheConfig {
+        head_size: D as i32,
+        ..CacheConfig::new(4, KV_HEADS as i32)
+    })
+    .unwrap();
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: kvp_decode_config_init fills the whole struct; live cache
+    // handle, an out-pointer; the error object is freed here.
+    let message = unsafe {
+        let mut c = std::mem::MaybeUninit::<kvpage::kvpage_sys::kvp_decode_config>::zeroed();
+        kvpage::kvpage_sys::kvp_decode_config_init(c.as_mut_ptr());
+        let mut c = c.assume_init();
+        assert_eq!(c.precise, 0, "kvp_decode_config_init: precise mode off");
+        c.num_query_heads = Q_HEADS as i32;
+        c.max_num_seqs = 1;
+        c.max_context_len = 32;
+        c.precise = 2;
+        let e = kvpage::kvpage_sys::kvp_decoder_create(cache.as_raw(), &c, &mut raw);
+        assert!(!e.is_null() && raw.is_null());
+        assert_eq!(
+            ErrorCode::from_raw(kvpage::kvpage_sys::kvp_error_code(e)),
+            ErrorCode::InvalidArgument
+        );
+        let m = std::ffi::CStr::from_ptr(kvpage::kvpage_sys::kvp_error_message(e))
+            .to_string_lossy()
+            .into_owned();
+        kvpage::kvpage_sys::kvp_error_free(e);
+        m
+    };
+    assert!(message.contains("config->precise = 2"), "{}", message);
+}
+
+// ---------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------
 
