@@ -75,6 +75,7 @@ KVPAGE_RE = re.compile(r"^kvpage (?P<version>\S+) \| (?P<build_info>.*)$")
 META_RE = re.compile(r"^#\s*(?P<key>[A-Za-z_]+)\s*:\s*(?P<value>.*)$")
 LINEAR_LINE = "block tables: each sequence's blocks adjacent (KVPAGE_BENCH_BLOCK_ORDER=linear)"
 FP16_LINE = "cache write input: FP16 (KVPAGE_BENCH_WRITE_INPUT=fp16)"
+PRECISE_LINE = "decoders in precise mode (--precise)"
 NO_DEVICE_PREFIX = "kvpage-bench: no CUDA device"
 
 # The table headers kvpage-bench has printed: today's, and the one before the
@@ -98,6 +99,7 @@ class Run:
         self.build_info = None
         self.linear_blocks = False
         self.fp16_write_input = False
+        self.precise = False  # kvpage-bench --precise: decoders in precise mode
         self.graph_timed = True
         self.rows = []  # dicts: shape, batch, dtype, us, gbs, frac, write_gbs, eager_us
 
@@ -162,6 +164,9 @@ def parse_bench_text(path, text):
             continue
         if line == FP16_LINE and header is None:
             run.fp16_write_input = True
+            continue
+        if line == PRECISE_LINE and header is None:
+            run.precise = True
             continue
         if line.startswith("|"):
             c = cells(line)
@@ -480,6 +485,34 @@ def device_section(device, runs, out):
     out.append("")
 
 
+def precise_section(device, runs, precise_runs, out):
+    """Precise mode's cost: its time beside the default decoder's, per case."""
+    default = {}
+    for r in runs:
+        for row in r.rows:
+            default[(row["shape"], row["batch"], row["dtype"])] = row
+    out.append("### Precise mode")
+    out.append("")
+    out.append("Decoders with `kvp_decode_config.precise = 1` (FP32 from end to end, the "
+               "CUDA-core kernel; include/kvpage/kvpage.h), `kvpage-bench --precise`, "
+               "against the default decoders above:")
+    out.append("")
+    for r in precise_runs:
+        out.append("- %s; raw output: [%s](%s)." % (r.label(), r.path.split("/")[-1],
+                                                   rel_link(r.path)))
+    out.append("")
+    out.append("| shape | B | KV | precise (us) | default (us) | precise / default |")
+    out.append("| --- | --- | --- | --- | --- | --- |")
+    for r in precise_runs:
+        for row in r.rows:
+            d = default.get((row["shape"], row["batch"], row["dtype"]))
+            out.append("| %s | %d | %s | %s | %s | %s |" % (
+                row["shape"], row["batch"], row["dtype"], fmt_us(row["us"]),
+                "—" if d is None else fmt_us(d["us"]),
+                "—" if d is None else "%.2fx" % (row["us"] / d["us"])))
+    out.append("")
+
+
 def peers_section(p, out):
     out.append("### Against PyTorch on the %s" % p.device)
     out.append("")
@@ -628,8 +661,9 @@ def render(runs, peers):
                "Which kernel runs where, and why: [DESIGN.md](DESIGN.md).")
     out.append("")
     by_device = OrderedDict()
+    precise_by_device = OrderedDict()
     for r in runs:
-        by_device.setdefault(r.device, []).append(r)
+        (precise_by_device if r.precise else by_device).setdefault(r.device, []).append(r)
     peers_by_device = OrderedDict()
     for p in peers:
         peers_by_device.setdefault(p.device, []).append(p)
@@ -644,6 +678,8 @@ def render(runs, peers):
                                          % (dup[k], r.path, k[0], k[1], k[2], device))
                     dup[k] = r.path
             device_section(device, by_device[device], out)
+            if device in precise_by_device:
+                precise_section(device, by_device[device], precise_by_device[device], out)
         else:
             out.append("## %s" % device)
             out.append("")

@@ -468,11 +468,11 @@ typedef struct kvp_decode_config {
    * peaked softmax, logits past 100 and a 32k context (docs/ACCURACY.md):
    *  - precise mode, and the CUDA-core kernel wherever it runs (MHA on
    *    16-bit caches, K and V of different dtypes): q, logits, P and the
-   *    sums in FP32; output <= 2e-5, LSE <= 1e-5;
+   *    sums in FP32; output <= 2e-5, LSE <= 2e-5;
    *  - tensor-core kernels of BF16/FP16 caches: q and P each split into
    *    two 16-bit parts (hi + lo), FP32 sums; output <= 2e-5, LSE <= 5e-5;
    *  - tensor-core kernels of FP8/INT8/INT4 caches: q and P rounded to
-   *    FP16, FP32 sums; output <= 2e-3, LSE <= 4e-3.
+   *    FP16, FP32 sums; output <= 3e-3, LSE <= 1.5e-2.
    * A 16-bit output adds its own rounding (at most half an ulp). */
   int32_t precise; /* ABI 1.2 */
 } kvp_decode_config;

@@ -1000,14 +1000,14 @@ TEST(GpuDecode, PrecisionContract) {
   // over these data. The 16-bit caches' tensor-core kernels split q and P
   // into hi + lo 16-bit parts; the quantized caches' round both to FP16.
   const Path paths[] = {
-      {"thread-group (MHA BF16)", KVP_DTYPE_BF16, 16, 1, 2e-5, 1e-5},
+      {"thread-group (MHA BF16)", KVP_DTYPE_BF16, 16, 1, 2e-5, 2e-5},
       {"tensor-core staged (BF16)", KVP_DTYPE_BF16, 16, 8, 2e-5, 5e-5},
       {"tensor-core registers (FP16, block 32)", KVP_DTYPE_FP16, 32, 8, 2e-5, 5e-5},
-      {"tensor-core registers (FP8)", KVP_DTYPE_FP8_E4M3, 16, 8, 2e-3, 4e-3},
-      {"tensor-core registers (INT8)", KVP_DTYPE_INT8, 16, 8, 2e-3, 4e-3},
-      {"tensor-core ring (INT4)", KVP_DTYPE_INT4, 16, 8, 2e-3, 4e-3},
+      {"tensor-core registers (FP8)", KVP_DTYPE_FP8_E4M3, 16, 8, 3e-3, 1.5e-2},
+      {"tensor-core registers (INT8)", KVP_DTYPE_INT8, 16, 8, 3e-3, 1.5e-2},
+      {"tensor-core ring (INT4)", KVP_DTYPE_INT4, 16, 8, 3e-3, 1.5e-2},
   };
-  constexpr double kPreciseOut = 2e-5, kPreciseLse = 1e-5;
+  constexpr double kPreciseOut = 2e-5, kPreciseLse = 2e-5;
   enum Data { kGaussian, kPeaked, kLargeLogits, kLongContext };
   const char* data_names[] = {"gaussian", "peaked", "large logits", "32k context"};
   for (const Path& path : paths) {
@@ -1088,7 +1088,7 @@ TEST(GpuDecode, PreciseModeKeepsFp32Queries) {
   const DecodeErrors precise = MeasureDecode(twins, b, 2, 1);
   std::printf("minimal case: default lse err %.2e, precise lse err %.2e\n", fast.lse_err,
               precise.lse_err);
-  EXPECT_LE(precise.lse_err, 1e-5);
+  EXPECT_LE(precise.lse_err, 2e-5);
   EXPECT_LE(precise.out_rel_l2, 2e-5);
   // The default path's rounding of q shows in the LSE: what precise mode
   // is for.
