@@ -1074,8 +1074,11 @@ TEST(GpuDecode, PreciseModeKeepsFp32Queries) {
   Twins twins(g, rng);
   ASSERT_EQ(twins.error(), "");
   const Layout l = RandomLayout(rng, {2}, g.block_size, g.num_blocks);
-  ASSERT_EQ(twins.Write(0, KVP_DTYPE_FP32, l.slots, rng.normals(2 * 128), rng.normals(2 * 128)),
-            "");
+  // Keys all positive, so that q's lost 2^-12 moves every logit by at least
+  // 2^-12 * 64 * 0.5 / 16 (a sum of random signs could cancel it).
+  std::vector<float> k = rng.normals(2 * 128);
+  for (float& x : k) x = 0.5f + std::abs(x);
+  ASSERT_EQ(twins.Write(0, KVP_DTYPE_FP32, l.slots, k, rng.normals(2 * 128)), "");
   Batch b;
   b.num_seqs = 1;
   b.hq = 8;  // a GQA group of 8: the tensor-core kernel in default mode
