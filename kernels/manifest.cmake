@@ -160,6 +160,11 @@ ${body}
       list(APPEND sources "${path}")
     endforeach()
   endforeach()
+  set(full 0)
+  if(dtypes STREQUAL KVPAGE_ALL_KV_DTYPES AND heads STREQUAL KVPAGE_ALL_HEAD_SIZES
+     AND tc_block_sizes STREQUAL KVPAGE_ALL_TC_BLOCK_SIZES)
+    set(full 1)
+  endif()
   string(REPLACE ";" "," dtype_names "${names}")
   string(REPLACE ";" "," head_names "${heads}")
   string(REPLACE ";" "," tc_bs_names "${tc_block_sizes}")
@@ -182,8 +187,18 @@ ${body}
 #define KVPAGE_MANIFEST_KV_DTYPE_NAMES \"${dtype_names}\"
 #define KVPAGE_MANIFEST_HEAD_SIZE_NAMES \"${head_names}\"
 #define KVPAGE_MANIFEST_TC_BLOCK_SIZE_NAMES \"${tc_bs_names}\"
+// 1 where the manifest is the full one (every dtype, head size and
+// tensor-core block size): tests pinned to the full set skip otherwise.
+#define KVPAGE_MANIFEST_FULL ${full}
 
 #endif  // KVPAGE_MANIFEST_H_
 ")
   set(KVPAGE_GENERATED_KERNEL_SOURCES "${sources}" PARENT_SCOPE)
+  # Whether this is the full manifest (every dtype, head size and
+  # tensor-core block size): the C API and binding suites assume it.
+  if(full)
+    set(KVPAGE_FULL_MANIFEST ON PARENT_SCOPE)
+  else()
+    set(KVPAGE_FULL_MANIFEST OFF PARENT_SCOPE)
+  endif()
 endfunction()

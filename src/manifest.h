@@ -20,6 +20,10 @@ inline constexpr int kManifestHeadSizes[] = {KVPAGE_MANIFEST_HEAD_SIZES(KVPAGE_M
 #undef KVPAGE_MANIFEST_DTYPE_ENTRY
 #undef KVPAGE_MANIFEST_INT_ENTRY
 
+// Whether this build holds the full manifest (tests pinned to it skip
+// otherwise).
+inline constexpr bool kManifestFull = KVPAGE_MANIFEST_FULL != 0;
+
 // The decode kernel families of the manifest.
 enum class DecodeFamily { kThreadGroup, kTensorCore, kStaged };
 

@@ -258,6 +258,8 @@ struct Geometry {
   int32_t layers = 1, blocks = 1, block_size = 16, kv_heads = 1, head_size = 64;
   int32_t k_dtype = KVP_DTYPE_BF16, v_dtype = KVP_DTYPE_BF16;
   bool smoothing = false;
+  // The key-smoothing vector when `smoothing`: transfers need equal ones.
+  std::vector<float> lambda;
   int64_t dense() const { return int64_t{kv_heads} * head_size; }
   int64_t slots() const { return int64_t{blocks} * block_size; }
 };
@@ -368,10 +370,20 @@ class Harness {
     g.smoothing = OneIn(4);
     // A second cache often shares the first one's geometry, so that
     // transfers between them can succeed.
+    if (g.smoothing) {
+      for (int64_t i = 0; i < g.dense(); ++i) g.lambda.push_back(std::exp(0.5f * values_.Normal()));
+    }
     if (index == 1 && caches_[0].cache != nullptr && !OneIn(3)) {
       const int32_t blocks = g.blocks;
+      std::vector<float> own = std::move(g.lambda);
       g = caches_[0].g;
       g.blocks = blocks;
+      // Now and then another smoothing vector of the same shape: the
+      // transfer is refused.
+      if (g.smoothing && OneIn(4)) {
+        own.resize(static_cast<size_t>(g.dense()), 1.0f);
+        g.lambda = own;
+      }
     }
 
     kvp_cache_config cfg;
@@ -384,11 +396,7 @@ class Harness {
     cfg.k_dtype = g.k_dtype;
     cfg.v_dtype = g.v_dtype;
     cfg.checked = OneIn(2) ? 1 : 0;  // the CPU backend checks on the host in both modes
-    std::vector<float> lambda;
-    if (g.smoothing) {
-      for (int64_t i = 0; i < g.dense(); ++i) lambda.push_back(std::exp(0.5f * values_.Normal()));
-      cfg.key_smoothing = lambda.data();
-    }
+    if (g.smoothing) cfg.key_smoothing = g.lambda.data();
     auto alloc = std::make_unique<TrackingAllocator>();
     kvp_allocator a;
     kvp_allocator_init(&a);
@@ -404,6 +412,7 @@ class Harness {
     // One bad field first, sometimes: the call fails and leaves no trace.
     int32_t want = KVP_OK;
     kvp_cache_config bad = cfg;
+    const std::vector<float> lambda_before = g.lambda;
     switch (OneIn(3) ? Pick(1, 13) : 0) {
       case 1:
         bad.struct_size = Pick(0, 1) ? 0 : kCacheConfig10 - 8;
@@ -447,7 +456,7 @@ class Harness {
         break;
       case 11:
         if (g.smoothing) {
-          lambda[Pick(0, static_cast<int>(lambda.size()) - 1)] = Pick(0, 1) ? 0.0f : NAN;
+          g.lambda[Pick(0, static_cast<int>(g.lambda.size()) - 1)] = Pick(0, 1) ? 0.0f : NAN;
           want = KVP_ERR_INVALID_ARGUMENT;
         }
         break;
@@ -467,9 +476,7 @@ class Harness {
       EXPECT_CODE("kvp_cache_create(bad config)", Code(kvp_cache_create(&bad, &out)), want);
       CHECK(out == reinterpret_cast<kvp_cache*>(0x1), "a failed create wrote its out-parameter");
       CHECK(alloc->live.empty(), "a failed create kept engine memory");
-      if (g.smoothing) {
-        for (int64_t i = 0; i < g.dense(); ++i) lambda[i] = std::exp(0.5f * values_.Normal());
-      }
+      g.lambda = lambda_before;  // the mutated vector was only for the bad config
     }
 
     kvp_cache* cache = reinterpret_cast<kvp_cache*>(0x1);
@@ -1082,9 +1089,10 @@ class Harness {
     cfg.max_query_len = Pick(1, std::min(3, cfg.max_context_len));
     cfg.q_dtype = Pick(KVP_DTYPE_FP32, KVP_DTYPE_BF16);
     cfg.out_dtype = Pick(KVP_DTYPE_FP32, KVP_DTYPE_BF16);
+    cfg.precise = Pick(0, 1);  // the CPU backend is precise either way
     kvp_decode_config bad = cfg;
     int32_t want = KVP_OK;
-    switch (OneIn(4) ? Pick(1, 9) : 0) {
+    switch (OneIn(4) ? Pick(1, 10) : 0) {
       case 1:
         bad.struct_size = Pick(0, 1) ? 0 : 16;
         want = KVP_ERR_INVALID_ARGUMENT;
@@ -1123,6 +1131,10 @@ class Harness {
         bad.max_num_seqs = kI32Max;
         bad.max_context_len = kI32Max;
         bad.max_query_len = kI32Max;
+        want = KVP_ERR_INVALID_ARGUMENT;
+        break;
+      case 10:
+        bad.precise = Pick(0, 1) ? 2 : -1;
         want = KVP_ERR_INVALID_ARGUMENT;
         break;
       default:
@@ -1460,7 +1472,7 @@ class Harness {
     const bool same_geometry = a.layers == b.layers && a.block_size == b.block_size &&
                                a.kv_heads == b.kv_heads && a.head_size == b.head_size &&
                                a.k_dtype == b.k_dtype && a.v_dtype == b.v_dtype &&
-                               a.smoothing == b.smoothing;
+                               a.smoothing == b.smoothing && a.lambda == b.lambda;
     const int32_t n = Pick(0, 3);
     std::vector<int32_t> pairs;
     for (int32_t i = 0; i < n; ++i) {

@@ -18,6 +18,7 @@
 
 #include "src/cache.h"
 #include "src/formats.h"
+#include "src/manifest.h"
 #include "src/status.h"
 #include "tests/common/fresh_seed.h"
 
@@ -272,9 +273,9 @@ TEST(GeometryLimitTest, SlotCountBelow2To31) {
     g.num_layers = 1;
     g.block_size = bs;
     g.num_kv_heads = 1;
-    g.head_size = 64;
-    g.k_dtype = DType::kINT4;
-    g.v_dtype = DType::kINT4;
+    g.head_size = kManifestHeadSizes[0];  // any the build holds
+    g.k_dtype = kManifestKvDtypes[0];
+    g.v_dtype = kManifestKvDtypes[0];
     g.num_blocks = static_cast<int32_t>((int64_t{1} << 31) / bs - 1);
     EXPECT_TRUE(ValidateGeometry(g).ok()) << ValidateGeometry(g);
     g.num_blocks += 1;
