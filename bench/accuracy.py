@@ -246,9 +246,9 @@ def row_failures(r):
     if r.get("error"):
         return ["%s" % r["error"]]
     if not within(r["out_err"], r["out_bound"]):
-        why.append("output rel-L2 %.3g > %.0e" % (r["out_err"], r["out_bound"]))
+        why.append("output rel-L2 %.3g > %s" % (r["out_err"], bound_text(r["out_bound"])))
     if not within(r["lse_err"], r["lse_bound"]):
-        why.append("LSE error %.3g > %.0e" % (r["lse_err"], r["lse_bound"]))
+        why.append("LSE error %.3g > %s" % (r["lse_err"], bound_text(r["lse_bound"])))
     if r.get("check") == "MISMATCH":
         why.append("another kernel ran (%s)" % r.get("check_detail", ""))
     return why
@@ -328,7 +328,7 @@ def fmt(x):
 
 
 def bound_text(b):
-    return "%.0e" % b
+    return "%.2g" % b  # 0.015 as 0.015: %.0e would print 2e-02
 
 
 def md_table(header, rows):
@@ -671,7 +671,7 @@ def print_contract_row(r):
               flush=True)
         return
     why = row_failures(r)
-    print("  %-30s %-13s %-8s %-22s out %.2e (<= %.0e, worst row %.2e) lse %.2e (<= %.0e) "
+    print("  %-30s %-13s %-8s %-22s out %.2e (<= %.2g, worst row %.2e) lse %.2e (<= %.2g) "
           "|lse| <= %6.1f kernel %s %s" % (r["path"], r["data"], r["mode"], r["kernel_name"],
                             r["out_err"], r["out_bound"], r["row_err"], r["lse_err"],
                             r["lse_bound"], r["lse_max"],
@@ -1063,7 +1063,7 @@ def write_outputs(data, out_dir):
                         "%.4e" % r["row_err"] if "row_err" in r else "",
                         "%.4e" % r["lse_err"] if "lse_err" in r else "",
                         "%.2f" % r["lse_max"] if "lse_max" in r else "",
-                        "%.0e" % r["out_bound"], "%.0e" % r["lse_bound"], r.get("check", ""),
+                        bound_text(r["out_bound"]), bound_text(r["lse_bound"]), r.get("check", ""),
                         int(not row_failures(r))])
     with open(os.path.join(out_dir, "accuracy_e2e.csv"), "w", newline="") as f:
         w = csv.writer(f)
