@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "include/kvpage/kvpage.h"
+#include "tests/capi/nonfinite_suite.h"
 #include "tests/common/fresh_seed.h"
 #include "tests/common/reference.h"
 
@@ -87,27 +88,11 @@ kvp_error* WriteFp32(kvp_cache* cache, int layer, const std::vector<int64_t>& sl
   return kvp_cache_write(cache, &a, nullptr);
 }
 
-// Every byte of every layer's data and scales (host memory: CPU caches).
+// Every byte of every layer's data and scales of a CPU cache
+// (nonfinite_suite.h's Snapshot, over host memory).
 std::vector<uint8_t> CacheBytes(const kvp_cache* cache) {
-  kvp_cache_info info;
-  kvp_cache_info_init(&info);
-  EXPECT_EQ(TakeError(kvp_cache_get_info(cache, &info)), "");
-  std::vector<uint8_t> bytes;
-  for (int l = 0; l < info.num_layers; ++l) {
-    kvp_layer_layout lay;
-    kvp_layer_layout_init(&lay);
-    EXPECT_EQ(TakeError(kvp_cache_get_layout(cache, l, &lay)), "");
-    const std::pair<const void*, int64_t> regions[] = {{lay.k_data, lay.k_data_bytes},
-                                                       {lay.v_data, lay.v_data_bytes},
-                                                       {lay.k_scales, lay.k_scale_bytes},
-                                                       {lay.v_scales, lay.v_scale_bytes}};
-    for (const auto& r : regions) {
-      if (r.first == nullptr) continue;
-      const auto* p = static_cast<const uint8_t*>(r.first);
-      bytes.insert(bytes.end(), p, p + r.second);
-    }
-  }
-  return bytes;
+  nonfinite::HostMemory host;
+  return nonfinite::Snapshot(host, cache);
 }
 
 // ---- kvp_build_info's ABI version --------------------------------------------
