@@ -8,6 +8,7 @@
 // pick their column tiles from the call's rows per KV head.
 #include <cuda_runtime.h>
 
+#include "kernels/decode_reduce.cuh"
 #include "kernels/launch.h"
 #include "kernels/paged_decode.cuh"
 #include "kernels/tc_decode.cuh"

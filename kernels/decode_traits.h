@@ -102,7 +102,7 @@ constexpr int kMinBlocksPerSm = 4;
 constexpr int kMinBlocksPerSmOneRow = 6;
 
 // The decode kernels' dynamic shared memory starts on a 128-byte boundary
-// (paged_decode.cuh, SharedWords): bulk and cp.async copies run slower to
+// (partition_common.cuh, SharedWords): bulk and cp.async copies run slower to
 // destinations off one.
 constexpr int kDecodeSmemAlign = 128;
 

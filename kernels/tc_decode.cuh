@@ -71,7 +71,8 @@
 #include <type_traits>
 
 #include "kernels/common/mma.cuh"
-#include "kernels/paged_decode.cuh"
+#include "kernels/common/reduce.cuh"
+#include "kernels/partition_common.cuh"
 #include "src/manifest.h"
 
 namespace kvpage {

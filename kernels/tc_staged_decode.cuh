@@ -37,7 +37,7 @@
 
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/mma.cuh"
-#include "kernels/paged_decode.cuh"
+#include "kernels/partition_common.cuh"
 #include "kernels/tc_decode.cuh"
 
 namespace kvpage {

@@ -3,7 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/bulk_copy.cuh"
-#include "kernels/paged_decode.cuh"
+#include "kernels/partition_common.cuh"
 #include "tests/kernels/test_kernels.h"
 
 namespace kvpage {

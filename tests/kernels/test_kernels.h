@@ -41,7 +41,7 @@ int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, u
                              void* stream);
 
 // How many bytes past a 128-byte boundary the decode kernels' dynamic
-// shared memory starts (0 expected: kernels/paged_decode.cuh SharedWords),
+// shared memory starts (0 expected: kernels/partition_common.cuh SharedWords),
 // as a kernel with static shared memory of its own sees it, through
 // *bytes; returns the CUDA error of the launch or copy.
 int ProbeDecodeSmemMisalignment(uint32_t* bytes);
