@@ -90,6 +90,16 @@ kvp_error* WriteFp32(kvp_cache* cache, int layer, const std::vector<int64_t>& sl
 
 // Every byte of every layer's data and scales of a CPU cache
 // (nonfinite_suite.h's Snapshot, over host memory).
+// The smallest CPU cache's configuration: 4 blocks of the defaults, 1 KV
+// head.
+kvp_cache_config SmallCpuConfig() {
+  kvp_cache_config cfg;
+  kvp_cache_config_init(&cfg);
+  cfg.num_blocks = 4;
+  cfg.num_kv_heads = 1;
+  return cfg;
+}
+
 std::vector<uint8_t> CacheBytes(const kvp_cache* cache) {
   nonfinite::HostMemory host;
   return nonfinite::Snapshot(host, cache);
@@ -520,10 +530,7 @@ TEST(ConformanceWrite, RepeatedSlotHoldsOneTokenWholeAndTouchesNothingElse) {
 TEST(ConformanceCacheCreate, CpuCacheRefusesANonzeroDeviceOrdinal) {
   for (int32_t ordinal : {1, 7, INT32_MAX}) {
     SCOPED_TRACE(ordinal);
-    kvp_cache_config cfg;
-    kvp_cache_config_init(&cfg);
-    cfg.num_blocks = 4;
-    cfg.num_kv_heads = 1;
+    kvp_cache_config cfg = SmallCpuConfig();
     cfg.device_ordinal = ordinal;
     kvp_cache* cache = reinterpret_cast<kvp_cache*>(0x1);
     ExpectError(kvp_cache_create(&cfg, &cache), KVP_ERR_INVALID_ARGUMENT,
@@ -531,10 +538,7 @@ TEST(ConformanceCacheCreate, CpuCacheRefusesANonzeroDeviceOrdinal) {
     EXPECT_EQ(cache, reinterpret_cast<kvp_cache*>(0x1));
     if (cache != reinterpret_cast<kvp_cache*>(0x1)) kvp_cache_destroy(cache);
   }
-  kvp_cache_config cfg;
-  kvp_cache_config_init(&cfg);
-  cfg.num_blocks = 4;
-  cfg.num_kv_heads = 1;
+  const kvp_cache_config cfg = SmallCpuConfig();
   kvp_cache* cache = nullptr;
   ASSERT_OK(kvp_cache_create(&cfg, &cache));
   kvp_cache_info info;
@@ -549,11 +553,8 @@ TEST(ConformanceCacheCreate, CpuCacheRefusesANonzeroDeviceOrdinal) {
 
 // kvp_decode_config.precise is 0 or 1; anything else is refused by both
 // calls that read a decode config, which then change nothing.
-TEST(ConformancePrecise, OnlyZeroOrOneAndTheSameWorkspace) {
-  kvp_cache_config cfg;
-  kvp_cache_config_init(&cfg);
-  cfg.num_blocks = 4;
-  cfg.num_kv_heads = 1;
+TEST(ConformancePrecise, OnlyZeroOrOne) {
+  const kvp_cache_config cfg = SmallCpuConfig();
   kvp_cache* cache = nullptr;
   ASSERT_OK(kvp_cache_create(&cfg, &cache));
   kvp_decode_config dc;
