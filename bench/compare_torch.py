@@ -17,15 +17,39 @@ spin (torch.cuda._sleep) that hides the host's launch overhead, so the
 figure is the GPU's time for the call; 10 warm-ups, median of >= 50 runs;
 inputs rotate over copies (kvpage: layers) spanning > 4x the L2 cache.
 
+Attention over query chunks (--attend: these alone; --all: after the decode
+shapes): the cases of kvpage-bench --attend (prefill, one chunk over a long
+context, many chunks, a chunk mixed with 255 decoding sequences and its two
+parts alone, short chunks; GQA 32/8 and 8/1), on random BF16 q/K/V.
+kvpage runs kvp_attend over the whole batch in one call, through the
+binding's Decoder.attend, or, with a binding that has none, through ctypes
+(kvp_decoder_create with max_query_tokens, kvp_attend) on the library the
+binding loaded (ABI 1.3; rows say n/a on an older library); the decoding
+part alone also runs through kvp_decode. PyTorch runs SDPA (flash and cuDNN
+backends, dense BF16 K/V, enable_gqa=True, K/V heads repeated where that
+fails) with a lower-right causal mask (causal_lower_right; is_causal=True
+where the chunk is the whole context; no mask for one query token), and
+compiled FlexAttention with the same mask as a block mask. PyTorch has no varlen
+batch here: each group of sequences with equal (query tokens, context) runs
+as one dense batch, timed on its own, and a mix's time is the sum of its
+groups' (the rows' notes say so). Each output is checked on a sample of
+query tokens against float64 attention (kvpage: over the dequantized cache)
+before it is timed. Reported: time, TFLOP/s = 4 * HQ * D * (keys visible to
+every query token; causal, the token at position p sees p + 1) / time, and
+the fraction of the H100's dense BF16 peak (989 TFLOP/s); for the mix,
+time(mixed) / (time(chunk alone) + time(decode alone)). Written to
+compare_torch_attend.md / .csv in --out.
+
 usage: python3 bench/compare_torch.py [--quick] [--out DIR] [--iters N]
            [--dtypes bf16,fp16,fp8,int8,int4] [--skip flex,cudnn,flash]
-           [--shapes SUBSTR,...] [--list-shapes]
+           [--shapes SUBSTR,...] [--list-shapes] [--attend | --all]
 Needs torch (with CUDA), matplotlib for the plot, and a CUDA build of
 libkvpage (KVPAGE_LIBRARY=/path/to/libkvpage.so).
 """
 
 import argparse
 import csv
+import ctypes
 import math
 import os
 import platform
@@ -506,6 +530,625 @@ def run_torch(t, prob, impl, timer, l2_bytes, copy_gbs):
 
 
 # ---------------------------------------------------------------------------
+# Attention over query chunks (--attend): the cases of kvpage-bench --attend
+# ---------------------------------------------------------------------------
+
+# H100 SXM dense BF16 tensor-core peak (TFLOP/s), as kvpage-bench reports.
+PEAK_TFLOPS = 989.0
+
+
+class AttendCase(object):
+    """One batch: sequence s has context ctx[s] (new tokens included) and
+    brings the last nq[s] of them as query tokens (causal, aligned to the end).
+    ``groups``: runs of sequences with equal (nq, ctx), [(first, count, n, L)],
+    the batches the dense PyTorch paths run one by one."""
+
+    def __init__(self, shape_name, hq, hkv, name, ctx, nq, role=""):
+        self.shape_name, self.hq, self.hkv, self.name = shape_name, hq, hkv, name
+        self.ctx, self.nq, self.role = list(ctx), list(nq), role
+        self.batch = len(ctx)
+        self.q_tokens = sum(nq)
+        self.tokens = sum(ctx)
+        self.max_ctx = max(ctx)
+        # Causal: the query token at position p sees p + 1 keys.
+        keys = sum(n * (2 * l - n + 1) // 2 for n, l in zip(nq, ctx))
+        self.flops = 4.0 * hq * D * keys
+        self.groups = []
+        for s, (n, l) in enumerate(zip(nq, ctx)):
+            if self.groups and self.groups[-1][2:] == (n, l):
+                f, c, _, _ = self.groups[-1]
+                self.groups[-1] = (f, c + 1, n, l)
+            else:
+                self.groups.append((s, 1, n, l))
+
+    @property
+    def label(self):
+        # kvpage-bench's label: "attend <shape>: <case>".
+        return "attend %s: %s" % (self.shape_name, self.name)
+
+
+def attend_cases(quick):
+    out = []
+    shapes = [("GQA 32/8 D=128", 32, 8), ("GQA 8/1 D=128", 8, 1)]
+    if quick:
+        shapes = shapes[:1]
+    for sname, hq, hkv in shapes:
+        def c(name, ctx, nq, role=""):
+            out.append(AttendCase(sname, hq, hkv, name, ctx, nq, role))
+        c("a prefill 8x4096 ctx 4096", [4096] * 8, [4096] * 8)
+        c("b chunk 2048 ctx 8192", [8192], [2048])
+        c("b chunk 2048 ctx 32768", [32768], [2048])
+        c("c 16x256 ctx 4096", [4096] * 16, [256] * 16)
+        c("d mixed 2048 + 255x1 ctx 8192", [8192] * 256, [2048] + [1] * 255, "mixed")
+        c("d chunk alone 2048 ctx 8192", [8192], [2048], "chunk")
+        c("d decode alone 255x1 ctx 8192", [8192] * 255, [1] * 255, "decode")
+        c("e 4x16 ctx 8192", [8192] * 4, [16] * 4)
+        c("e 4x64 ctx 8192", [8192] * 4, [64] * 4)
+        c("e 1x16 ctx 32768", [32768], [16])
+    return out
+
+
+def attend_copies(set_bytes, l2_bytes):
+    """Input copies to rotate through: one where a set alone spans > 4x L2."""
+    return 1 if set_bytes > 4 * l2_bytes else copies_for_rotation(set_bytes, l2_bytes)
+
+
+class AttendProblem(object):
+    """Random q [query tokens, HQ, D] and K/V [context tokens, HKV, D] (BF16,
+    packed sequence after sequence), and the float64 reference of a sample
+    of query tokens: the first and last sequence of each group, 5 tokens of
+    each (first, quarters, last)."""
+
+    def __init__(self, torch, case, gen):
+        t = torch
+        self.t, self.case = t, case
+        HQ, HKV = case.hq, case.hkv
+        self.q = t.randn(case.q_tokens, HQ, D, device="cuda", dtype=t.bfloat16, generator=gen)
+        self.k = t.randn(case.tokens, HKV, D, device="cuda", dtype=t.bfloat16, generator=gen)
+        self.v = t.randn(case.tokens, HKV, D, device="cuda", dtype=t.bfloat16, generator=gen)
+        self.kv_starts, self.q_starts = [0], [0]
+        for n, l in zip(case.nq, case.ctx):
+            self.kv_starts.append(self.kv_starts[-1] + l)
+            self.q_starts.append(self.q_starts[-1] + n)
+        seqs = []
+        for f, cnt, _, _ in case.groups:
+            for s in (f, f + cnt - 1):
+                if s not in seqs:
+                    seqs.append(s)
+        # samples: (seq, token index in the chunk, packed query row)
+        self.samples = []
+        for s in seqs:
+            n = case.nq[s]
+            for i in sorted(set([0, n // 4, n // 2, (3 * n) // 4, n - 1])):
+                self.samples.append((s, i, self.q_starts[s] + i))
+        self.ref = self.reference(lambda s: self.seq_kv(s))
+        self.dense = {}
+
+    def seq_kv(self, s):
+        a, b = self.kv_starts[s], self.kv_starts[s + 1]
+        return self.k[a:b], self.v[a:b]
+
+    def reference(self, kv_of):
+        """{packed row: float64 [HQ, D]} for the samples, over kv_of(s) -> (K, V)
+        [L, HKV, D] of sequence s."""
+        t, c = self.t, self.case
+        G = c.hq // c.hkv
+        out = {}
+        for s in sorted(set(x[0] for x in self.samples)):
+            k, v = kv_of(s)
+            k, v = k.double(), v.double()
+            for s2, i, row in self.samples:
+                if s2 != s:
+                    continue
+                p = c.ctx[s] - c.nq[s] + i
+                out[row] = attend64(t, self.q[row], k[:p + 1], v[:p + 1], G)
+            del k, v
+        return out
+
+    def errors(self, out, ref=None):
+        """Largest rel-L2 over the sampled tokens of out [query tokens, HQ, D]
+        against ref (default: exact attention over the BF16 inputs), and the
+        largest BF16 rounding of the reference itself (the floor)."""
+        t = self.t
+        ref = self.ref if ref is None else ref
+        err, floor = 0.0, 0.0
+        for _, _, row in self.samples:
+            err = max(err, rel_l2(t, out[row], ref[row]))
+            floor = max(floor, rel_l2(t, ref[row].to(t.bfloat16), ref[row]))
+        return err, floor
+
+    def group_tensors(self, g, copies, repeat_heads=False):
+        """Dense BF16 tensors of group g: q [B, HQ, n, D] and `copies` (K, V)
+        pairs [B, HKV, L, D] (HQ heads when repeat_heads), kept until
+        drop_dense()."""
+        key = (g, copies, repeat_heads)
+        if key in self.dense:
+            return self.dense[key]
+        c = self.case
+        f, cnt, n, l = c.groups[g]
+        a, b = self.q_starts[f], self.q_starts[f + cnt]
+        q4 = self.q[a:b].view(cnt, n, c.hq, D).transpose(1, 2).contiguous()
+        ka, kb = self.kv_starts[f], self.kv_starts[f + cnt]
+
+        def dense(x):
+            x = x[ka:kb].view(cnt, l, c.hkv, D).transpose(1, 2)
+            if repeat_heads:
+                x = x.repeat_interleave(c.hq // c.hkv, dim=1)
+            return x.contiguous()
+        k0, v0 = dense(self.k), dense(self.v)
+        sets = [(k0, v0)] + [(k0.clone(), v0.clone()) for _ in range(copies - 1)]
+        self.dense[key] = (q4, sets)
+        return self.dense[key]
+
+    def drop_dense(self):
+        self.dense = {}
+        self.t.cuda.empty_cache()
+
+
+class AttendResult(object):
+    def __init__(self, case, impl, kv_dtype):
+        self.case, self.impl, self.kv_dtype = case, impl, kv_dtype
+        self.us = self.tflops = self.frac = self.speedup = None
+        self.err = self.err_exact = None
+        self.status = "ok"
+        self.note = ""
+
+
+def _attend_mask(t, n, l):
+    """SDPA's mask arguments for n query tokens at the end of l keys."""
+    from torch.nn.attention.bias import causal_lower_right
+    if n == 1:
+        return {}  # the one query token sees every key
+    if n == l:
+        return {"is_causal": True}
+    return {"attn_mask": causal_lower_right(n, l)}
+
+
+class SdpaAttend(object):
+    """SDPA with one backend over each group's dense K/V, lower-right causal
+    (causal_lower_right; is_causal=True where n == L; no mask for n == 1)."""
+
+    def __init__(self, name, backend_name):
+        self.name, self.backend_name = name, backend_name
+
+    def prepare(self, t, prob, g, copies):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = getattr(SDPBackend, self.backend_name)
+        c = prob.case
+        _, _, n, l = c.groups[g]
+        mask = _attend_mask(t, n, l)
+        gqa = c.hq != c.hkv
+
+        def make(repeat):
+            q4, sets = prob.group_tensors(g, 1 if repeat else copies, repeat_heads=repeat)
+
+            def call(i):
+                k, v = sets[i % len(sets)]
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(q4, k, v, enable_gqa=gqa and not repeat,
+                                                          **mask)
+            return call
+        call = make(False)
+        try:
+            call(0)
+            return call, ""
+        except Exception as e:
+            if not gqa:
+                raise
+            first = e
+        # No GQA in this backend (or this torch): K/V heads materialized.
+        prob.drop_dense()
+        try:
+            call = make(True)
+            call(0)
+        except Exception:
+            raise first
+        return call, "K/V heads repeated x%d" % (c.hq // c.hkv)
+
+
+class FlexAttend(object):
+    """FlexAttention (compiled) with a lower-right causal block mask."""
+
+    name = "flex"
+
+    def __init__(self, t):
+        from torch.nn.attention.flex_attention import flex_attention
+        try:  # one compiled graph per shape: allow more than the default 8
+            import torch._dynamo
+            for knob in ("cache_size_limit", "recompile_limit"):
+                if hasattr(torch._dynamo.config, knob):
+                    setattr(torch._dynamo.config, knob, max(64, getattr(torch._dynamo.config,
+                                                                        knob)))
+        except Exception:
+            pass
+        self.flex = t.compile(flex_attention, dynamic=False)
+
+    def prepare(self, t, prob, g, copies):
+        from torch.nn.attention.flex_attention import create_block_mask
+        c = prob.case
+        cnt, n, l = c.groups[g][1:]
+        q4, sets = prob.group_tensors(g, copies)
+        gqa = c.hq != c.hkv
+        bm = None
+        if n > 1:
+            off = l - n
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                return kv_idx <= q_idx + off
+            bm = create_block_mask(mask_mod, None, None, n, l, device="cuda")
+        flex = self.flex
+
+        def call(i):
+            k, v = sets[i % len(sets)]
+            return flex(q4, k, v, block_mask=bm, enable_gqa=gqa)
+        return call, ""
+
+
+def run_torch_attend(t, prob, impl, timer, l2_bytes):
+    """One PyTorch path over every group of the case; the times of the
+    groups (each timed on its own) are summed."""
+    c = prob.case
+    res = AttendResult(c, impl.name, "bf16")
+    out = t.full((c.q_tokens, c.hq, D), float("nan"), dtype=t.bfloat16, device="cuda")
+    total_ms, notes = 0.0, []
+    try:
+        t0 = time.time()
+        for g, (f, cnt, n, l) in enumerate(c.groups):
+            copies = attend_copies(2.0 * cnt * l * c.hkv * D * 2, l2_bytes)
+            call, note = impl.prepare(t, prob, g, copies)
+            if note and note not in notes:
+                notes.append(note)
+            o = call(0)  # [cnt, HQ, n, D]
+            a = prob.q_starts[f]
+            out[a:a + cnt * n] = o.transpose(1, 2).reshape(cnt * n, c.hq, D)
+            t.cuda.synchronize()
+            total_ms += timer.median_ms(call)
+        if len(c.groups) > 1:
+            notes.append("sum of %d groups timed one by one" % len(c.groups))
+        notes.append("prepare+timing %.1f s" % (time.time() - t0))
+        res.note = "; ".join(notes)
+        res.err, _ = prob.errors(out)
+        res.err_exact = res.err
+        if not res.err < 1e-2:
+            res.status = "FAILED check"
+            return res
+        res.us = total_ms * 1e3
+        res.tflops = c.flops / (total_ms * 1e-3) / 1e12
+        res.frac = res.tflops / PEAK_TFLOPS
+    except Exception as e:
+        res.status = "n/a"
+        msg = str(e).strip().splitlines()
+        res.note = "%s: %s" % (type(e).__name__, msg[0][:160] if msg else "")
+        traceback.print_exc(limit=2)
+    finally:
+        prob.drop_dense()
+    return res
+
+
+# kvp_attend: through the Python binding's Decoder.attend where it has one,
+# else through ctypes, the decoder (with max_query_tokens) and the calls
+# going straight to the C entries of the library the binding loaded.
+
+class _DecodeConfig13(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("num_query_heads", ctypes.c_int32),
+        ("max_num_seqs", ctypes.c_int32),
+        ("max_context_len", ctypes.c_int32),
+        ("max_query_len", ctypes.c_int32),
+        ("q_dtype", ctypes.c_int32),
+        ("out_dtype", ctypes.c_int32),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_uint64),
+        ("precise", ctypes.c_int32),
+        ("max_query_tokens", ctypes.c_int32),  # ABI 1.3
+    ]
+
+
+class _AttendArgs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("layer", ctypes.c_int32),
+        ("num_seqs", ctypes.c_int32),
+        ("sliding_window", ctypes.c_int32),
+        ("sm_scale", ctypes.c_float),
+        ("logits_soft_cap", ctypes.c_float),
+        ("reserved0", ctypes.c_int32),
+        ("query_starts", ctypes.c_void_p),
+        ("q", ctypes.c_void_p),
+        ("q_token_stride", ctypes.c_int64),
+        ("block_table", ctypes.c_void_p),
+        ("block_table_stride", ctypes.c_int64),
+        ("block_table_width", ctypes.c_int32),
+        ("reserved1", ctypes.c_int32),
+        ("seq_lens", ctypes.c_void_p),
+        ("alibi_slopes", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("out_token_stride", ctypes.c_int64),
+        ("lse", ctypes.c_void_p),
+    ]
+
+
+class AttendLib(object):
+    """kvp_attend of the loaded libkvpage: ``binding`` when the Python
+    binding has Decoder.attend, else kvp_decoder_create (with
+    max_query_tokens) and kvp_attend through ctypes; ``error`` says why
+    neither where the library predates ABI 1.3."""
+
+    def __init__(self):
+        self.error = None
+        lib = kvpage.library()
+        major, minor = ctypes.c_uint32(), ctypes.c_uint32()
+        lib.api.abi_version(ctypes.byref(major), ctypes.byref(minor))
+        if (major.value, minor.value) < (1, 3):
+            self.error = "libkvpage ABI %d.%d has no kvp_attend (1.3)" % (major.value, minor.value)
+            return
+        self.binding = hasattr(kvpage.Decoder, "attend")
+        if self.binding:
+            return
+        dll = ctypes.CDLL(lib.path)  # the same library, already loaded
+        vp, P = ctypes.c_void_p, ctypes.POINTER
+        self.config_init = dll.kvp_decode_config_init
+        self.config_init.argtypes, self.config_init.restype = [P(_DecodeConfig13)], None
+        self.create = dll.kvp_decoder_create
+        self.create.argtypes, self.create.restype = [vp, P(_DecodeConfig13), P(vp)], vp
+        self.destroy = dll.kvp_decoder_destroy
+        self.destroy.argtypes, self.destroy.restype = [vp], None
+        self.args_init = dll.kvp_attend_args_init
+        self.args_init.argtypes, self.args_init.restype = [P(_AttendArgs)], None
+        self.attend = dll.kvp_attend
+        self.attend.argtypes, self.attend.restype = [vp, P(_AttendArgs), vp], vp
+        self.check = lib.check
+
+    def decoder(self, cache, hq, max_seqs, max_ctx, max_query_tokens):
+        c = _DecodeConfig13()
+        self.config_init(ctypes.byref(c))
+        c.num_query_heads, c.max_num_seqs, c.max_context_len = hq, max_seqs, max_ctx
+        c.max_query_tokens = max_query_tokens
+        h = ctypes.c_void_p()
+        self.check(self.create(cache.handle, ctypes.byref(c), ctypes.byref(h)))
+        return h.value
+
+
+def _kvpage_attend_cache(t, prob, dtype, l2_bytes, gen):
+    """A cache of every layer the rotation needs, filled with the problem's
+    K/V; (cache, layers, table, lens, width, nblk)."""
+    c = prob.case
+    nblk = [-(-n // BLOCK) for n in c.ctx]
+    total_blocks, width = sum(nblk), max(nblk)
+    probe = kvpage.Cache(num_blocks=total_blocks, num_kv_heads=c.hkv, head_size=D,
+                         block_size=BLOCK, dtype=dtype, device="cuda")
+    layer_bytes = probe.info.total_bytes
+    probe.close()
+    layers = int(min(64, max(1, (4 * l2_bytes) // layer_bytes + 1)))
+    cache = kvpage.Cache(num_blocks=total_blocks, num_kv_heads=c.hkv, head_size=D,
+                         block_size=BLOCK, dtype=dtype, device="cuda", num_layers=layers)
+    perm = t.randperm(total_blocks, device="cuda", generator=gen).to(t.int32)
+    table = t.zeros(c.batch, width, dtype=t.int32, device="cuda")
+    slots = t.empty(c.tokens, dtype=t.int64, device="cuda")
+    k0 = 0
+    for i, n in enumerate(c.ctx):
+        table[i, :nblk[i]] = perm[k0:k0 + nblk[i]]
+        k0 += nblk[i]
+        pos = t.arange(n, device="cuda")
+        slots[prob.kv_starts[i]:prob.kv_starts[i + 1]] = (
+            table[i, pos // BLOCK].to(t.int64) * BLOCK + pos % BLOCK)
+    chunk = 1 << 20
+    for layer in range(layers):
+        for a in range(0, c.tokens, chunk):
+            b = min(c.tokens, a + chunk)
+            cache.write(layer, prob.k[a:b], prob.v[a:b], slots[a:b])
+    if cache.write_stats() != (0, 0):
+        cache.close()
+        raise RuntimeError("write stats %s" % (cache.write_stats(),))
+    lens = t.tensor(c.ctx, dtype=t.int32, device="cuda")
+    return cache, layers, table, lens, width, nblk
+
+
+def run_kvpage_attend(t, prob, dtype, timer, l2_bytes, gen, alib, via_decode=False):
+    """kvp_attend over the whole batch in one call (or, via_decode, kvp_decode
+    with one query token per sequence); checked on the sampled tokens against
+    float64 attention over the dequantized cache, then timed."""
+    from kvpage import reference as R
+    c = prob.case
+    res = AttendResult(c, "kvpage (kvp_decode)" if via_decode else "kvpage", dtype)
+    if not via_decode and alib.error:
+        res.status = "n/a"
+        res.note = alib.error
+        return res
+    cache, layers, table, lens, width, nblk = _kvpage_attend_cache(t, prob, dtype, l2_bytes, gen)
+    dec = None
+    try:
+        out = t.full((c.q_tokens, c.hq, D), float("nan"), dtype=t.bfloat16, device="cuda")
+        starts = t.tensor(prob.q_starts, dtype=t.int32, device="cuda")
+        if via_decode:
+            dec = cache.decoder(c.hq, c.batch, c.max_ctx)
+
+            def call(i):
+                dec(prob.q, table, lens, out=out, layer=i % layers)
+        elif alib.binding:
+            dec = cache.decoder(c.hq, c.batch, c.max_ctx, max_query_tokens=c.q_tokens)
+
+            def call(i):
+                dec.attend(prob.q, starts, table, lens, out=out, layer=i % layers)
+        else:
+            dec = alib.decoder(cache, c.hq, c.batch, c.max_ctx, c.q_tokens)
+            args = _AttendArgs()
+            alib.args_init(ctypes.byref(args))
+            args.num_seqs = c.batch
+            args.query_starts = starts.data_ptr()
+            args.q = prob.q.data_ptr()
+            args.block_table = table.data_ptr()
+            args.block_table_width = width
+            args.seq_lens = lens.data_ptr()
+            args.out = out.data_ptr()
+            stream = t.cuda.current_stream().cuda_stream
+
+            def call(i):
+                args.layer = i % layers
+                alib.check(alib.attend(dec, ctypes.byref(args), stream))
+        call(0)
+        t.cuda.synchronize()
+
+        def deq(s):  # [L, HKV, D] float64 of layer 0, through the table
+            kq, vq = R.dequantize(cache, 0, blocks=table[s, :nblk[s]])
+            kq = kq.permute(0, 2, 1, 3).reshape(-1, c.hkv, D)[:c.ctx[s]]
+            vq = vq.permute(0, 2, 1, 3).reshape(-1, c.hkv, D)[:c.ctx[s]]
+            return kq, vq
+        res.err, floor = prob.errors(out, prob.reference(deq))
+        res.err_exact, _ = prob.errors(out)
+        res.note = "BF16 rounding of the reference: %.2e" % floor
+        if not (res.err < max(1e-2, 2.5 * floor)):
+            res.status = "FAILED check"
+            return res
+        ms = timer.median_ms(call)
+        res.us = ms * 1e3
+        res.tflops = c.flops / (ms * 1e-3) / 1e12
+        res.frac = res.tflops / PEAK_TFLOPS
+        return res
+    finally:
+        if dec is not None:
+            if via_decode or alib.binding:
+                dec.close()
+            else:
+                alib.destroy(dec)
+        cache.close()
+        t.cuda.empty_cache()
+
+
+def attend_impl_label(impl, kv_dtype):
+    if impl.startswith("kvpage"):
+        return impl.replace("kvpage", "kvpage %s" % kv_dtype, 1)
+    return "torch %s" % impl
+
+
+def attend_label(r):
+    return attend_impl_label(r.impl, r.kv_dtype)
+
+
+def print_attend_table(results, out, env=(), quiet=False):
+    lines = list(env) + ([""] if env else []) + [
+        "kvp_attend cases (kvpage-bench --attend): TFLOP/s = 4 * HQ * D * (keys visible to "
+        "every query token, causal) / time; peak %.0f TFLOP/s (H100 dense BF16). PyTorch "
+        "runs each group of equal (query tokens, context) as one dense batch; a mix's time "
+        "is the sum of its groups' (see the notes)." % PEAK_TFLOPS,
+        "",
+        "| case | heads q/kv | seqs | query tokens | implementation | time (us) | TFLOP/s | "
+        "of peak | speed-up vs fastest PyTorch | max rel-L2 (sampled tokens) | check | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        c = r.case
+        status = r.status
+        note = r.note.replace("|", "/")
+        if r.status == "n/a":
+            status = "n/a"
+        lines.append("| %s | %d/%d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            c.name, c.hq, c.hkv, c.batch, c.q_tokens, attend_label(r), fmt(r.us, "%.1f"),
+            fmt(r.tflops, "%.1f"), fmt(None if r.frac is None else 100 * r.frac, "%.1f%%"),
+            fmt(r.speedup, "%.2fx"), fmt(r.err, "%.1e"), status, note[:120]))
+    # (d): the mixed batch against its parts, per implementation.
+    ratio = []
+    for r in results:
+        if r.case.role != "mixed" or r.us is None:
+            continue
+        parts = {}
+        for x in results:
+            if (x.case.shape_name == r.case.shape_name and x.kv_dtype == r.kv_dtype
+                    and x.us is not None and x.case.role in ("chunk", "decode")):
+                parts.setdefault((x.case.role, x.impl), x.us)
+        chunk = parts.get(("chunk", r.impl))
+        for dec_impl in ([r.impl, "kvpage (kvp_decode)"] if r.impl == "kvpage" else [r.impl]):
+            dec = parts.get(("decode", dec_impl))
+            if chunk is None or dec is None:
+                continue
+            ratio.append("| %s | %s | %s | %.1f | %.1f | %.1f | %.2f |" % (
+                r.case.shape_name, attend_label(r), attend_impl_label(dec_impl, r.kv_dtype),
+                r.us, chunk, dec, r.us / (chunk + dec)))
+    if ratio:
+        lines += ["", "mixed batch (d): time(mixed) / (time(chunk alone) + time(decode alone))",
+                  "",
+                  "| shape | implementation | decode alone by | mixed (us) | chunk alone (us) | "
+                  "decode alone (us) | ratio |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ratio
+    text = "\n".join(lines)
+    if not quiet:
+        print(text)
+    with open(os.path.join(out, "compare_torch_attend.md"), "w") as f:
+        f.write(text + "\n")
+
+
+def write_attend_csv(results, out, device):
+    with open(os.path.join(out, "compare_torch_attend.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["device", "case", "heads_q", "heads_kv", "seqs", "query_tokens",
+                    "implementation", "kv_dtype", "time_us", "tflops", "fraction_of_peak",
+                    "speedup_vs_fastest_torch", "max_rel_l2_vs_reference",
+                    "max_rel_l2_vs_exact", "status", "note"])
+        for r in results:
+            c = r.case
+            w.writerow([device, c.label, c.hq, c.hkv, c.batch, c.q_tokens, r.impl, r.kv_dtype,
+                        fmt(r.us, "%.2f"), fmt(r.tflops, "%.2f"), fmt(r.frac, "%.4f"),
+                        fmt(r.speedup, "%.3f"), fmt(r.err, "%.3e"), fmt(r.err_exact, "%.3e"),
+                        r.status, r.note])
+
+
+def run_attend_cases(t, cases, dtypes, skip, timer, l2, gen, out_dir, env, device):
+    impls = []
+    if "cudnn" not in skip:
+        impls.append(SdpaAttend("sdpa-cudnn", "CUDNN_ATTENTION"))
+    if "flash" not in skip:
+        impls.append(SdpaAttend("sdpa-flash", "FLASH_ATTENTION"))
+    if "flex" not in skip:
+        try:
+            impls.append(FlexAttend(t))
+        except Exception as e:
+            print("no FlexAttention: %s: %s" % (type(e).__name__, str(e)[:160]))
+    alib = AttendLib()
+    if alib.error:
+        print("kvpage kvp_attend rows: n/a (%s)" % alib.error)
+    else:
+        print("kvpage kvp_attend through %s" % ("the binding's Decoder.attend" if alib.binding
+                                                 else "ctypes (the binding has no attend)"))
+    results = []
+    for c in cases:
+        t1 = time.time()
+        prob = AttendProblem(t, c, gen)
+        rows = []
+        for impl in impls:
+            r = run_torch_attend(t, prob, impl, timer, l2)
+            rows.append(r)
+            print("  %-44s %-22s %s %s %s" % (c.label, attend_label(r), fmt(r.us, "%10.1f us"),
+                                              r.status, r.note), flush=True)
+        kinds = [False] + ([True] if c.role == "decode" else [])
+        for via_decode in kinds:
+            for d in dtypes:
+                try:
+                    r = run_kvpage_attend(t, prob, d, timer, l2, gen, alib, via_decode)
+                except Exception as e:
+                    r = AttendResult(c, "kvpage (kvp_decode)" if via_decode else "kvpage", d)
+                    r.status = "error"
+                    r.note = "%s: %s" % (type(e).__name__, str(e)[:160])
+                    traceback.print_exc()
+                rows.append(r)
+                print("  %-44s %-22s %s err %s %s" % (c.label, attend_label(r),
+                                                      fmt(r.us, "%10.1f us"), fmt(r.err, "%.1e"),
+                                                      r.status), flush=True)
+        torch_us = [r.us for r in rows if not r.impl.startswith("kvpage") and r.us is not None]
+        fastest = min(torch_us) if torch_us else None
+        for r in rows:
+            if fastest is not None and r.us is not None:
+                r.speedup = fastest / r.us
+        results.extend(rows)
+        print_attend_table(results, out_dir, env, quiet=True)
+        write_attend_csv(results, out_dir, device)
+        del prob
+        t.cuda.empty_cache()
+        print("  (case done in %.1f s)" % (time.time() - t1), flush=True)
+    return results
+
+
+# ---------------------------------------------------------------------------
 # Output
 # ---------------------------------------------------------------------------
 
@@ -632,7 +1275,8 @@ def plot(results, out, device, copy_gbs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="4 shapes instead of 8")
+    ap.add_argument("--quick", action="store_true",
+                    help="4 shapes instead of 8; attend cases of GQA 32/8 only")
     ap.add_argument("--out", default="out/compare_torch", help="folder for CSV, table, plot")
     ap.add_argument("--iters", type=int, default=60, help="timed runs per case (>= 50)")
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="kvpage KV dtypes")
@@ -641,16 +1285,31 @@ def main():
                     help="keep shapes whose label '<name> B=<batch>' contains one of these "
                          "comma-separated substrings (as kvpage-bench --shapes)")
     ap.add_argument("--list-shapes", action="store_true", help="print the shapes and exit")
+    ap.add_argument("--attend", action="store_true",
+                    help="only the kvp_attend (query chunk) cases, as kvpage-bench --attend")
+    ap.add_argument("--all", action="store_true", help="the decode shapes, then the attend cases")
     args = ap.parse_args()
     only = [x for x in args.shapes.split(",") if x]
+    run_decode = not args.attend or args.all
+    run_attend = args.attend or args.all
 
     def selected():
+        if not run_decode:
+            return []
         return [s for s in shapes(args.quick)
                 if not only or any(o in "%s B=%d" % (s.name, s.batch) for o in only)]
+
+    def selected_attend():
+        if not run_attend:
+            return []
+        return [c for c in attend_cases(args.quick) if not only or any(o in c.label for o in only)]
     if args.list_shapes:
         for s in selected():
             print("%-36s B=%-4d HQ=%-3d HKV=%-3d tokens=%d max=%d" %
                   (s.name, s.batch, s.hq, s.hkv, s.tokens, max(s.lens)))
+        for c in selected_attend():
+            print("%-58s seqs=%-4d query tokens=%-6d context max=%-6d groups=%d TFLOP=%.3f" %
+                  (c.label, c.batch, c.q_tokens, c.max_ctx, len(c.groups), c.flops / 1e12))
         return 0
     if args.iters < 50:
         print("note: --iters %d < 50: figures are not the medians the docs report" % args.iters)
@@ -736,13 +1395,24 @@ def main():
         del prob
         t.cuda.empty_cache()
         print("  (shape done in %.1f s)" % (time.time() - t1), flush=True)
+    attend_results = []
+    if run_attend:
+        attend_results = run_attend_cases(t, selected_attend(), dtypes, skip, timer, l2, gen,
+                                          args.out, env, device)
     print("\ntotal %.1f s\n" % (time.time() - t_start))
-    print_table(results, args.out, env)
-    write_csv(results, args.out, device, copy_gbs)
-    plot(results, args.out, device, copy_gbs)
+    if results:
+        print_table(results, args.out, env)
+        write_csv(results, args.out, device, copy_gbs)
+        plot(results, args.out, device, copy_gbs)
+    if attend_results:
+        print_attend_table(attend_results, args.out, [] if results else env)
+        write_attend_csv(attend_results, args.out, device)
     # Exit status: kvpage's own rows (a PyTorch path that cannot run a shape,
-    # or gets it wrong, is reported in the table, not as a failure here).
+    # or gets it wrong, is reported in the table, not as a failure here;
+    # kvp_attend rows on a library without it are n/a, not failures).
     failed = [r for r in results if r.impl == "kvpage" and r.status != "ok"]
+    failed += [r for r in attend_results if r.impl.startswith("kvpage")
+               and r.status not in ("ok", "n/a")]
     return 1 if failed else 0
 
 

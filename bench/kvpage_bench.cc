@@ -11,9 +11,14 @@
 // between calls), "eager time" times >= 50 single calls, each with the host
 // launch of its kernels inside the events.
 //
-// usage: kvpage-bench [--quick] [--precise] [--csv FILE] [--hashes FILE] [--dtypes
-// bf16,fp8,int8,int4]
-// [--shapes SUBSTR,...]
+// --attend (only these) or --all (decode cases, then these): attention over
+// query chunks through kvp_attend (prefill, chunked prefill, a chunk mixed
+// with decoding sequences, short chunks; AttendCases), timed the same two
+// ways, each reported in TFLOP/s (4 * Hq * D * keys visible to the query
+// tokens, causal) and as a fraction of the H100's dense BF16 peak.
+//
+// usage: kvpage-bench [--quick] [--precise] [--attend | --all] [--csv FILE] [--hashes FILE]
+// [--dtypes bf16,fp8,int8,int4] [--shapes SUBSTR,...]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -25,6 +30,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvpage/kvpage.h"
@@ -147,6 +153,8 @@ uint64_t Fnv1a(const std::vector<uint8_t>& bytes) {
   for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
   return h;
 }
+
+uint64_t Fnv1a(const std::string& s) { return Fnv1a(std::vector<uint8_t>(s.begin(), s.end())); }
 
 int ParseDtype(const std::string& s) {
   if (s == "bf16") return KVP_DTYPE_BF16;
@@ -385,10 +393,433 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   return r;
 }
 
+// ---- Attention over query chunks (kvp_attend) --------------------------------------------
+
+// Dense BF16 tensor-core peak of an H100 SXM (TFLOP/s): the reference for
+// every KV dtype, since kvp_attend multiplies on 16-bit tensor cores.
+constexpr double kPeakTflops = 989.0;
+
+// kvp_attend through the function table, so that the bench still loads and
+// runs its decode cases against a library older than ABI 1.3.
+const kvp_api* AttendApi() {
+  const kvp_api* api = kvp_get_api(KVP_ABI_MAJOR);
+  if (api == nullptr || api->abi_minor < 3 || api->struct_size < KVP_API_STRUCT_SIZE_1_3) {
+    return nullptr;
+  }
+  return api;
+}
+
+// One batch: sequence s has context ctx[s] (its new tokens included) and
+// brings the last nq[s] of them as query tokens.
+enum AttendRole { kOther = 0, kMixed, kChunk, kDecodeAttend, kDecodeDecode };
+
+struct AttendCase {
+  std::string name;
+  std::vector<int> ctx, nq;
+  bool via_decode = false;  // kvp_decode with query_len 1 (every nq is 1)
+  AttendRole role = kOther;
+};
+
+struct AttendShape {
+  std::string name;
+  int hq, hkv;
+};
+
+std::vector<AttendShape> AttendShapes(bool quick) {
+  std::vector<AttendShape> s = {{"GQA 32/8 D=128", 32, 8}, {"GQA 8/1 D=128", 8, 1}};
+  if (quick) s.resize(1);
+  return s;
+}
+
+std::vector<AttendCase> AttendCases() {
+  auto rep = [](int n, int v) { return std::vector<int>(size_t(n), v); };
+  std::vector<AttendCase> c;
+  // (a) prefill from an empty cache: the chunk is the whole context.
+  c.push_back({"a prefill 8x4096 ctx 4096", rep(8, 4096), rep(8, 4096)});
+  // (b) one chunk over a long context.
+  c.push_back({"b chunk 2048 ctx 8192", {8192}, {2048}});
+  c.push_back({"b chunk 2048 ctx 32768", {32768}, {2048}});
+  // (c) many medium chunks.
+  c.push_back({"c 16x256 ctx 4096", rep(16, 4096), rep(16, 256)});
+  // (d) a chunk mixed with decoding sequences, and its two parts alone.
+  AttendCase mixed{"d mixed 2048 + 255x1 ctx 8192", rep(256, 8192), rep(256, 1)};
+  mixed.nq[0] = 2048;
+  mixed.role = kMixed;
+  c.push_back(mixed);
+  c.push_back({"d chunk alone 2048 ctx 8192", {8192}, {2048}, false, kChunk});
+  c.push_back({"d decode alone 255x1 ctx 8192 kvp_attend", rep(255, 8192), rep(255, 1), false,
+               kDecodeAttend});
+  c.push_back({"d decode alone 255x1 ctx 8192 kvp_decode", rep(255, 8192), rep(255, 1), true,
+               kDecodeDecode});
+  // (e) short chunks (speculative verification, small prefix-cache misses).
+  c.push_back({"e 4x16 ctx 8192", rep(4, 8192), rep(4, 16)});
+  c.push_back({"e 4x64 ctx 8192", rep(4, 8192), rep(4, 64)});
+  c.push_back({"e 1x16 ctx 32768", {32768}, {16}});
+  return c;
+}
+
+// "attend <shape>: <case>": the key of a row in the CSV and the hashes, and
+// what --shapes matches. No commas.
+std::string AttendLabel(const AttendShape& shape, const AttendCase& c) {
+  return "attend " + shape.name + ": " + c.name;
+}
+
+struct AttendResult {
+  std::string label, shape, name, dtype;
+  AttendRole role;
+  int seqs, max_ctx;
+  int64_t q_tokens;
+  double flops, us, eager_us, tflops, frac;
+  int64_t non_finite;    // output elements not finite (or never written)
+  uint64_t output_hash;  // FNV-1a of layer 0's output bytes
+};
+
+// Random normal BF16 values on the device, from a fixed seed; buffers are
+// filled with slices of it at random offsets (much faster than drawing
+// hundreds of millions of values per case). Its odd length keeps repeats
+// from lining up with tokens.
+struct NormalPool {
+  uint16_t* data = nullptr;
+  int64_t size = 0;
+};
+
+NormalPool MakeNormalPool() {
+  NormalPool p;
+  p.size = (int64_t{1} << 24) - 3;
+  std::vector<uint16_t> host(size_t(p.size));
+  std::mt19937 rng(2024);
+  std::normal_distribution<float> normal;
+  for (auto& x : host) x = ToBf16(normal(rng));
+  CheckCuda(cudaMalloc(&p.data, size_t(p.size) * 2), "malloc");
+  CheckCuda(cudaMemcpy(p.data, host.data(), size_t(p.size) * 2, cudaMemcpyHostToDevice), "copy");
+  return p;
+}
+
+void FillFromPool(void* dst, int64_t elems, const NormalPool& pool, std::mt19937& rng) {
+  int64_t off = std::uniform_int_distribution<int64_t>(0, pool.size - 1)(rng);
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < elems;) {
+    const int64_t n = std::min(elems - i, pool.size - off);
+    CheckCuda(cudaMemcpy(d + i, pool.data + off, size_t(n) * 2, cudaMemcpyDeviceToDevice), "copy");
+    i += n;
+    off = 0;
+  }
+}
+
+// Keys visible to the query tokens of a batch (causal: the token at
+// position p sees p + 1 keys), and the FLOPs counted for them: QK^T and PV,
+// 2 each per key, channel and query head.
+double AttendFlops(const AttendCase& c, int hq, int head_size) {
+  double keys = 0;
+  for (size_t s = 0; s < c.ctx.size(); ++s) {
+    const double n = c.nq[s], l = c.ctx[s];
+    keys += n * (2 * l - n + 1) / 2;  // sum of p + 1 over p = l - n .. l - 1
+  }
+  return 4.0 * hq * head_size * keys;
+}
+
+// One case: a cache holding every context (random normal K/V written
+// through kvp_cache_write; the write is not timed), one decoder of the
+// case's capacities (max_num_seqs = sequences, max_context_len = the
+// longest context, max_query_tokens = all query tokens), timed as RunCase
+// times a decode: graph replay (one call per layer, layers spanning > 4x
+// the L2 where the cache is smaller) and eager calls. `budget_ms` bounds
+// each of the two timings' sample counts for long calls (prefill).
+AttendResult RunAttendCase(const kvp_api* api, const AttendShape& shape, const AttendCase& ac,
+                           const std::string& dtype_name, int iters, double budget_ms,
+                           size_t l2_bytes, const NormalPool& pool) {
+  const int dtype = ParseDtype(dtype_name);
+  const int bs = 16, D = 128, B = static_cast<int>(ac.ctx.size());
+  const std::string label = AttendLabel(shape, ac);
+  // The data depend on the case and shape only: the same for every KV
+  // dtype, and whichever other cases run.
+  std::mt19937 rng(static_cast<uint32_t>(Fnv1a(label)));
+  int64_t total_ctx = 0, total_q = 0, blocks = 0;
+  int max_ctx = 0;
+  std::vector<int32_t> starts(size_t(B) + 1, 0);
+  for (int s = 0; s < B; ++s) {
+    total_ctx += ac.ctx[s];
+    total_q += ac.nq[s];
+    blocks += (ac.ctx[s] + bs - 1) / bs;
+    max_ctx = std::max(max_ctx, ac.ctx[s]);
+    starts[s + 1] = static_cast<int32_t>(total_q);
+    if (ac.via_decode && ac.nq[s] != 1) {
+      std::fprintf(stderr, "%s: a kvp_decode case takes one query token per sequence\n",
+                   label.c_str());
+      std::exit(1);
+    }
+  }
+  const int width = (max_ctx + bs - 1) / bs;
+
+  kvp_cache_config cfg;
+  kvp_cache_config_init(&cfg);
+  cfg.device_kind = KVP_DEVICE_CUDA;
+  cfg.num_blocks = static_cast<int32_t>(blocks);
+  cfg.block_size = bs;
+  cfg.num_kv_heads = shape.hkv;
+  cfg.head_size = D;
+  cfg.k_dtype = dtype;
+  cfg.v_dtype = dtype;
+  kvp_cache* probe = nullptr;
+  Check(kvp_cache_create(&cfg, &probe), "cache");
+  kvp_cache_info info;
+  kvp_cache_info_init(&info);
+  Check(kvp_cache_get_info(probe, &info), "info");
+  kvp_cache_destroy(probe);
+  // One layer where it alone spans > 4x the L2; more for small caches.
+  const int64_t layer_bytes = info.total_bytes;
+  cfg.num_layers = static_cast<int32_t>(
+      std::min<int64_t>(64, std::max<int64_t>(1, int64_t(4 * l2_bytes) / layer_bytes + 1)));
+  kvp_cache* cache = nullptr;
+  Check(kvp_cache_create(&cfg, &cache), "cache");
+  cudaStream_t stream = nullptr;
+  CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+
+  // Tables: each sequence its own blocks from a shuffled pool (or adjacent:
+  // LinearBlockOrder); slots of every context token.
+  std::vector<int32_t> perm(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) perm[size_t(i)] = static_cast<int32_t>(i);
+  if (!LinearBlockOrder()) std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(size_t(B) * width, 0);
+  std::vector<int64_t> slots;
+  slots.reserve(size_t(total_ctx));
+  int64_t next = 0;
+  for (int s = 0; s < B; ++s) {
+    for (int j = 0; j < (ac.ctx[s] + bs - 1) / bs; ++j) table[size_t(s) * width + j] = perm[next++];
+    for (int t = 0; t < ac.ctx[s]; ++t) {
+      slots.push_back(int64_t(table[size_t(s) * width + t / bs]) * bs + t % bs);
+    }
+  }
+
+  // Fill every layer: random normal BF16 K and V, in chunks of <= 64k tokens.
+  const int64_t chunk = std::min<int64_t>(total_ctx, 65536);
+  const int64_t kv_elems = chunk * shape.hkv * D;
+  void *dk = nullptr, *dv = nullptr, *dslots = nullptr;
+  CheckCuda(cudaMalloc(&dk, size_t(kv_elems) * 2), "malloc");
+  CheckCuda(cudaMalloc(&dv, size_t(kv_elems) * 2), "malloc");
+  FillFromPool(dk, kv_elems, pool, rng);
+  FillFromPool(dv, kv_elems, pool, rng);
+  CheckCuda(cudaMalloc(&dslots, slots.size() * 8), "malloc");
+  CheckCuda(cudaMemcpy(dslots, slots.data(), slots.size() * 8, cudaMemcpyHostToDevice), "copy");
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    for (int64_t start = 0; start < total_ctx; start += chunk) {
+      kvp_write_args w;
+      kvp_write_args_init(&w);
+      w.layer = l;
+      w.num_tokens = static_cast<int32_t>(std::min(chunk, total_ctx - start));
+      w.input_dtype = KVP_DTYPE_BF16;
+      w.key = dk;
+      w.value = dv;
+      w.slot_mapping = static_cast<const int64_t*>(dslots) + start;
+      Check(kvp_cache_write(cache, &w, nullptr), "write");
+    }
+  }
+  CheckCuda(cudaDeviceSynchronize(), "fill");
+  for (void* p : {dk, dv, dslots}) cudaFree(p);
+
+  void *dtable = nullptr, *dlens = nullptr, *dstarts = nullptr, *dq = nullptr, *dout = nullptr;
+  const std::vector<int32_t> lens(ac.ctx.begin(), ac.ctx.end());
+  CheckCuda(cudaMalloc(&dtable, table.size() * 4), "malloc");
+  CheckCuda(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "copy");
+  CheckCuda(cudaMalloc(&dlens, lens.size() * 4), "malloc");
+  CheckCuda(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice), "copy");
+  CheckCuda(cudaMalloc(&dstarts, starts.size() * 4), "malloc");
+  CheckCuda(cudaMemcpy(dstarts, starts.data(), starts.size() * 4, cudaMemcpyHostToDevice), "copy");
+  const int64_t q_elems = total_q * shape.hq * D;
+  CheckCuda(cudaMalloc(&dq, size_t(q_elems) * 2), "malloc");
+  CheckCuda(cudaMalloc(&dout, size_t(q_elems) * 2), "malloc");
+  FillFromPool(dq, q_elems, pool, rng);
+
+  kvp_decode_config dc;
+  kvp_decode_config_init(&dc);
+  dc.num_query_heads = shape.hq;
+  dc.max_num_seqs = B;
+  dc.max_context_len = max_ctx;
+  dc.max_query_tokens = static_cast<int32_t>(total_q);
+  dc.precise = PreciseDecode() ? 1 : 0;
+  kvp_decoder* dec = nullptr;
+  Check(kvp_decoder_create(cache, &dc, &dec), "decoder");
+  kvp_attend_args a;
+  api->attend_args_init(&a);
+  a.num_seqs = B;
+  a.query_starts = static_cast<const int32_t*>(dstarts);
+  a.q = dq;
+  a.block_table = static_cast<const int32_t*>(dtable);
+  a.block_table_width = width;
+  a.seq_lens = static_cast<const int32_t*>(dlens);
+  a.out = dout;
+  kvp_decode_args da;
+  kvp_decode_args_init(&da);
+  da.num_seqs = B;
+  da.query_len = 1;
+  da.q = dq;
+  da.block_table = static_cast<const int32_t*>(dtable);
+  da.block_table_width = width;
+  da.seq_lens = static_cast<const int32_t*>(dlens);
+  da.out = dout;
+  auto call = [&](int layer, cudaStream_t on) {
+    if (ac.via_decode) {
+      da.layer = layer;
+      Check(kvp_decode(dec, &da, on), "decode");
+    } else {
+      a.layer = layer;
+      Check(api->attend(dec, &a, on), "attend");
+    }
+  };
+
+  // A first call, then an estimate that sizes the sample counts: at most
+  // `iters` eager calls and max(iters / 4, 11) graph samples (as RunCase),
+  // fewer where that would take longer than budget_ms (at least 5).
+  call(0, nullptr);
+  CheckCuda(cudaDeviceSynchronize(), "attend");
+  const double est_ms =
+      std::max(1e-3, MedianMs(3, 1, [&](int i) { call(i % cfg.num_layers, nullptr); }));
+  const int eager_iters = std::max(5, std::min(iters, static_cast<int>(budget_ms / est_ms)));
+  const double eager_ms =
+      MedianMs(eager_iters, 2, [&](int i) { call(i % cfg.num_layers, nullptr); });
+  const int graph_calls = std::max(cfg.num_layers, MinGraphCalls());
+  const int per_sample = (32 + graph_calls - 1) / graph_calls * graph_calls;
+  const int samples = std::max(
+      5, std::min(std::max(iters / 4, 11), static_cast<int>(budget_ms / (per_sample * est_ms))));
+  const double ms = GraphMedianMs(stream, cfg.num_layers, samples,
+                                  [&](int i) { call(i % cfg.num_layers, stream); });
+
+  // One more call of layer 0 into a poisoned output (NaN in BF16):
+  // fingerprinted, and every element must be written and finite.
+  std::vector<uint8_t> out_bytes(size_t(q_elems) * 2);
+  CheckCuda(cudaMemset(dout, 0xFF, out_bytes.size()), "poison");
+  call(0, nullptr);
+  CheckCuda(cudaMemcpy(out_bytes.data(), dout, out_bytes.size(), cudaMemcpyDeviceToHost), "copy");
+  int64_t non_finite = 0;
+  for (size_t i = 0; i + 1 < out_bytes.size(); i += 2) {
+    const uint16_t u = static_cast<uint16_t>(out_bytes[i] | (out_bytes[i + 1] << 8));
+    non_finite += (u & 0x7F80) == 0x7F80;
+  }
+
+  AttendResult r;
+  r.label = label;
+  r.shape = shape.name;
+  r.name = ac.name;
+  r.dtype = dtype_name;
+  r.role = ac.role;
+  r.seqs = B;
+  r.max_ctx = max_ctx;
+  r.q_tokens = total_q;
+  r.flops = AttendFlops(ac, shape.hq, D);
+  r.us = ms * 1e3;
+  r.eager_us = eager_ms * 1e3;
+  r.tflops = r.flops / (ms * 1e-3) / 1e12;
+  r.frac = r.tflops / kPeakTflops;
+  r.non_finite = non_finite;
+  r.output_hash = Fnv1a(out_bytes);
+  kvp_decoder_destroy(dec);
+  CheckCuda(cudaStreamDestroy(stream), "stream");
+  kvp_cache_destroy(cache);
+  for (void* p : {dtable, dlens, dstarts, dq, dout}) cudaFree(p);
+  return r;
+}
+
+// The CSV of the attend rows: FILE.csv -> FILE.attend.csv (else FILE.attend.csv).
+std::string AttendCsvPath(const std::string& csv) {
+  const std::string ext = ".csv";
+  if (csv.size() > ext.size() && csv.compare(csv.size() - ext.size(), ext.size(), ext) == 0) {
+    return csv.substr(0, csv.size() - ext.size()) + ".attend.csv";
+  }
+  return csv + ".attend.csv";
+}
+
+// Runs the attend cases (those whose label contains one of `only`, when
+// given) for every dtype, printing a row per case as it finishes, then the
+// mixed batch (d) against its parts.
+std::vector<AttendResult> RunAttendCases(bool quick, const std::vector<std::string>& only,
+                                         const std::vector<std::string>& dtypes, size_t l2_bytes) {
+  std::vector<AttendResult> results;
+  const kvp_api* api = AttendApi();
+  if (api == nullptr) {
+    uint32_t major = 0, minor = 0;
+    kvp_abi_version(&major, &minor);
+    std::printf("\nattend cases skipped: libkvpage has ABI %u.%u, kvp_attend needs 1.3\n", major,
+                minor);
+    return results;
+  }
+  std::vector<std::pair<AttendShape, AttendCase>> todo;
+  for (const AttendShape& shape : AttendShapes(quick)) {
+    for (const AttendCase& c : AttendCases()) {
+      const std::string label = AttendLabel(shape, c);
+      bool keep = only.empty();
+      for (const std::string& o : only) keep = keep || label.find(o) != std::string::npos;
+      if (keep) todo.emplace_back(shape, c);
+    }
+  }
+  if (todo.empty()) return results;
+  const NormalPool pool = MakeNormalPool();
+  std::printf(
+      "\nkvp_attend over query chunks: TFLOP/s = 4 * Hq * D * (keys visible to every query "
+      "token, causal) / time; peak = %.0f TFLOP/s (H100 dense BF16); the K/V writes are not "
+      "timed\n",
+      kPeakTflops);
+  std::printf(
+      "\n| case | heads q/kv | seqs | query tokens | context | KV | time (us) | TFLOP/s | of peak "
+      "| eager time (us) | outputs |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& [shape, c] : todo) {
+    for (const std::string& d : dtypes) {
+      AttendResult r =
+          RunAttendCase(api, shape, c, d, quick ? 20 : 60, quick ? 500.0 : 2000.0, l2_bytes, pool);
+      const std::string outputs =
+          r.non_finite == 0 ? "finite" : std::to_string(r.non_finite) + " NOT FINITE";
+      std::printf("| %s | %d/%d | %d | %lld | %d | %s | %.1f | %.1f | %.1f%% | %.1f | %s |\n",
+                  r.name.c_str(), shape.hq, shape.hkv, r.seqs, static_cast<long long>(r.q_tokens),
+                  r.max_ctx, r.dtype.c_str(), r.us, r.tflops, 100 * r.frac, r.eager_us,
+                  outputs.c_str());
+      std::fflush(stdout);
+      results.push_back(r);
+    }
+  }
+  cudaFree(pool.data);
+
+  // (d): the mixed batch against its chunk and its decoding sequences run
+  // alone (graph times); below 1 the mix costs less than its parts.
+  bool header = false;
+  for (const AttendShape& shape : AttendShapes(quick)) {
+    for (const std::string& d : dtypes) {
+      double t[5] = {0, 0, 0, 0, 0};
+      for (const AttendResult& r : results) {
+        if (r.shape == shape.name && r.dtype == d) t[r.role] = r.us;
+      }
+      if (t[kMixed] == 0 || t[kChunk] == 0 || (t[kDecodeAttend] == 0 && t[kDecodeDecode] == 0)) {
+        continue;
+      }
+      if (!header) {
+        std::printf(
+            "\nmixed batch (d): time(mixed) / (time(chunk alone) + time(decode alone))\n"
+            "\n| shape | KV | mixed (us) | chunk alone (us) | decode alone, kvp_attend (us) | "
+            "decode alone, kvp_decode (us) | ratio, kvp_attend decode | ratio, kvp_decode decode "
+            "|\n|---|---|---|---|---|---|---|---|\n");
+        header = true;
+      }
+      char cells[4][32];
+      const double parts[4] = {
+          t[kDecodeAttend], t[kDecodeDecode],
+          t[kDecodeAttend] > 0 ? t[kMixed] / (t[kChunk] + t[kDecodeAttend]) : 0,
+          t[kDecodeDecode] > 0 ? t[kMixed] / (t[kChunk] + t[kDecodeDecode]) : 0};
+      for (int i = 0; i < 4; ++i) {
+        if (parts[i] <= 0) {
+          std::snprintf(cells[i], sizeof cells[i], "-");
+        } else {
+          std::snprintf(cells[i], sizeof cells[i], i < 2 ? "%.1f" : "%.2f", parts[i]);
+        }
+      }
+      std::printf("| %s | %s | %.1f | %.1f | %s | %s | %s | %s |\n", shape.name.c_str(), d.c_str(),
+                  t[kMixed], t[kChunk], cells[0], cells[1], cells[2], cells[3]);
+    }
+  }
+  return results;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, attend_only = false, all = false;
   std::string csv, hashes;
   std::vector<std::string> dtypes = {"bf16", "fp8", "int8", "int4"};
   std::vector<std::string> only;  // substrings of shape names (for profiling)
@@ -407,6 +838,10 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--precise")) {
       PreciseDecode() = true;
+    } else if (!std::strcmp(argv[i], "--attend")) {
+      attend_only = true;
+    } else if (!std::strcmp(argv[i], "--all")) {
+      all = true;
     } else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
       csv = argv[++i];
     } else if (!std::strcmp(argv[i], "--hashes") && i + 1 < argc) {
@@ -417,13 +852,18 @@ int main(int argc, char** argv) {
       only = split(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--precise] [--csv FILE] [--hashes FILE] [--dtypes "
-                   "bf16,fp8,int8,int4] "
-                   "[--shapes SUBSTR,...  (e.g. MHA,ragged,'B=512')]\n",
+                   "usage: %s [--quick] [--precise] [--attend | --all] [--csv FILE] [--hashes "
+                   "FILE] [--dtypes bf16,fp8,int8,int4] "
+                   "[--shapes SUBSTR,...  (e.g. MHA,ragged,'B=512',prefill)]\n"
+                   "  --attend: only the kvp_attend (query chunk) cases; --all: decode cases, "
+                   "then those\n",
                    argv[0]);
       return 2;
     }
   }
+  // Default: the decode cases alone (their output as scripts/perf_page.py reads it).
+  const bool run_decode = !attend_only || all;
+  const bool run_attend = attend_only || all;
   int32_t gpus = 0;
   Check(kvp_device_count(KVP_DEVICE_CUDA, &gpus), "device count");
   if (gpus == 0) {
@@ -461,6 +901,7 @@ int main(int argc, char** argv) {
     shapes.push_back({"ragged 32/8 log-uniform 16..32768", 32, 8, 128, lens});
   }
   if (quick) shapes = {shapes[0], shapes[5]};
+  if (!run_decode) shapes.clear();
   if (!only.empty()) {
     std::vector<Shape> kept;
     for (const Shape& s : shapes) {
@@ -477,9 +918,11 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(42);
   std::vector<Result> results;
-  std::printf(
-      "\n| shape | B | KV | time (us) | GB/s | of copy BW | write GB/s | eager time (us) | eager "
-      "write GB/s |\n|---|---|---|---|---|---|---|---|---|\n");
+  if (run_decode) {
+    std::printf(
+        "\n| shape | B | KV | time (us) | GB/s | of copy BW | write GB/s | eager time (us) | eager "
+        "write GB/s |\n|---|---|---|---|---|---|---|---|---|\n");
+  }
   for (const Shape& s : shapes) {
     for (const std::string& d : dtypes) {
       Result r = RunCase(s, d, copy_gbs, quick ? 20 : 60, size_t(prop.l2CacheSize), rng);
@@ -490,7 +933,11 @@ int main(int argc, char** argv) {
       results.push_back(r);
     }
   }
-  if (!csv.empty()) {
+  std::vector<AttendResult> attend_results;
+  if (run_attend) {
+    attend_results = RunAttendCases(quick, only, dtypes, size_t(prop.l2CacheSize));
+  }
+  if (!csv.empty() && run_decode) {
     FILE* f = std::fopen(csv.c_str(), "w");
     if (f) {
       std::fprintf(f,
@@ -511,8 +958,33 @@ int main(int argc, char** argv) {
         std::fprintf(f, "%s,%d,%s,%016llx\n", r.shape.c_str(), r.batch, r.dtype.c_str(),
                      static_cast<unsigned long long>(r.output_hash));
       }
+      for (const AttendResult& r : attend_results) {
+        std::fprintf(f, "%s,%d,%s,%016llx\n", r.label.c_str(), r.seqs, r.dtype.c_str(),
+                     static_cast<unsigned long long>(r.output_hash));
+      }
       std::fclose(f);
     }
   }
-  return 0;
+  if (!csv.empty() && !attend_results.empty()) {
+    const std::string path = AttendCsvPath(csv);
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f) {
+      // shape, batch, kv_dtype and time_us as in the decode CSV
+      // (scripts/ab_compare.py keys rows by them).
+      std::fprintf(f,
+                   "device,shape,batch,kv_dtype,time_us,tflops,fraction_of_peak,eager_time_us,"
+                   "query_tokens,max_context,flops,non_finite\n");
+      for (const AttendResult& r : attend_results) {
+        std::fprintf(f, "%s,%s,%d,%s,%.2f,%.2f,%.4f,%.2f,%lld,%d,%.6e,%lld\n", prop.name,
+                     r.label.c_str(), r.seqs, r.dtype.c_str(), r.us, r.tflops, r.frac, r.eager_us,
+                     static_cast<long long>(r.q_tokens), r.max_ctx, r.flops,
+                     static_cast<long long>(r.non_finite));
+      }
+      std::fclose(f);
+      std::printf("\nattend rows: %s\n", path.c_str());
+    }
+  }
+  const bool attend_failed = std::any_of(attend_results.begin(), attend_results.end(),
+                                         [](const AttendResult& r) { return r.non_finite != 0; });
+  return attend_failed ? 1 : 0;
 }

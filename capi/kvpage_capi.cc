@@ -1,6 +1,8 @@
 // The C ABI: argument checks, error objects, the exception firewall and the
 // function table. Every entry is wrapped in KVP_API_BEGIN / KVP_API_END so
 // that no C++ exception crosses the boundary.
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -228,6 +230,12 @@ void kvp_decode_args_init(kvp_decode_args* a) {
   std::memset(a, 0, sizeof(*a));
   a->struct_size = sizeof(*a);
   a->query_len = 1;
+}
+
+void kvp_attend_args_init(kvp_attend_args* a) {
+  if (a == nullptr) return;
+  std::memset(a, 0, sizeof(*a));
+  a->struct_size = sizeof(*a);
 }
 
 }  // extern "C"
@@ -592,7 +600,36 @@ kvp_error* ToDecoderOptions(const kvp_decode_config* config, kvpage::DecoderOpti
     return InvalidArg(kvpage::StrFormat("config->precise = %d, must be 0 or 1", c.precise));
   }
   o->capacity.precise = c.precise != 0;
+  // 0: every sequence at max_query_len, within int32 (query_starts are).
+  o->capacity.max_query_tokens =
+      c.max_query_tokens != 0
+          ? c.max_query_tokens
+          : static_cast<int32_t>(std::min<int64_t>(
+                int64_t{c.max_num_seqs} * std::max(c.max_query_len, 1), INT32_MAX));
   return nullptr;
+}
+
+// The fields kvp_decode_args and kvp_attend_args share, as the core's
+// request.
+template <typename Args>
+kvpage::DecodeRequest SharedRequestFields(const Args& a) {
+  kvpage::DecodeRequest r;
+  r.layer = a.layer;
+  r.num_seqs = a.num_seqs;
+  r.sliding_window = a.sliding_window;
+  r.sm_scale = a.sm_scale;
+  r.logits_soft_cap = a.logits_soft_cap;
+  r.q = a.q;
+  r.q_stride = a.q_token_stride;
+  r.block_table = a.block_table;
+  r.block_table_stride = a.block_table_stride;
+  r.block_table_width = a.block_table_width;
+  r.seq_lens = a.seq_lens;
+  r.alibi_slopes = a.alibi_slopes;
+  r.out = a.out;
+  r.out_stride = a.out_token_stride;
+  r.lse = a.lse;
+  return r;
 }
 
 }  // namespace
@@ -645,23 +682,28 @@ kvp_error* kvp_decode(kvp_decoder* decoder, const kvp_decode_args* args, void* s
   if (a.reserved0 != 0) {
     return InvalidArg(kvpage::StrFormat("args->reserved0 = %d, must be 0", a.reserved0));
   }
-  kvpage::DecodeRequest r;
-  r.layer = a.layer;
-  r.num_seqs = a.num_seqs;
+  kvpage::DecodeRequest r = SharedRequestFields(a);
   r.query_len = a.query_len;
-  r.sliding_window = a.sliding_window;
-  r.sm_scale = a.sm_scale;
-  r.logits_soft_cap = a.logits_soft_cap;
-  r.q = a.q;
-  r.q_stride = a.q_token_stride;
-  r.block_table = a.block_table;
-  r.block_table_stride = a.block_table_stride;
-  r.block_table_width = a.block_table_width;
-  r.seq_lens = a.seq_lens;
-  r.alibi_slopes = a.alibi_slopes;
-  r.out = a.out;
-  r.out_stride = a.out_token_stride;
-  r.lse = a.lse;
+  return ToError(decoder->impl->Run(r, stream));
+  KVP_API_END
+}
+
+kvp_error* kvp_attend(kvp_decoder* decoder, const kvp_attend_args* args, void* stream) {
+  KVP_API_BEGIN
+  KVP_CHECK_NOT_NULL(decoder);
+  KVP_CHECK_NOT_NULL(args);
+  kvp_attend_args a;
+  if (kvp_error* e = ReadIn(args, "args", kvp_attend_args_init, &a)) return e;
+  if (a.reserved0 != 0) {
+    return InvalidArg(kvpage::StrFormat("args->reserved0 = %d, must be 0", a.reserved0));
+  }
+  if (a.reserved1 != 0) {
+    return InvalidArg(kvpage::StrFormat("args->reserved1 = %d, must be 0", a.reserved1));
+  }
+  kvpage::DecodeRequest r = SharedRequestFields(a);
+  r.attend = true;
+  r.query_len = 0;
+  r.query_starts = a.query_starts;
   return ToError(decoder->impl->Run(r, stream));
   KVP_API_END
 }
@@ -710,6 +752,8 @@ const kvp_api* kvp_get_api(uint32_t abi_major) {
       kvp_decoder_destroy,
       kvp_decode_args_init,
       kvp_decode,
+      kvp_attend_args_init,
+      kvp_attend,
   };
   return abi_major == KVP_ABI_MAJOR ? &table : nullptr;
 }

@@ -15,7 +15,8 @@ namespace kvpage {
 namespace capi {
 
 // How large each struct was when first released: the header's
-// KVP_<NAME>_STRUCT_SIZE_1_0 (the bytes through its last ABI 1.0 field).
+// KVP_<NAME>_STRUCT_SIZE_1_0 (the bytes through its last ABI 1.0 field), or
+// the size of the later release that introduced it.
 // A struct may grow (fields appended); callers passing at least this much
 // are served, and fields past their struct_size keep their defaults.
 template <typename T>
@@ -53,6 +54,10 @@ constexpr size_t FirstReleasedSize<kvp_decode_args>() {
   return KVP_DECODE_ARGS_STRUCT_SIZE_1_0;
 }
 template <>
+constexpr size_t FirstReleasedSize<kvp_attend_args>() {
+  return KVP_ATTEND_ARGS_STRUCT_SIZE_1_3;
+}
+template <>
 constexpr size_t FirstReleasedSize<kvp_api>() {
   return KVP_API_STRUCT_SIZE_1_0;
 }
@@ -70,8 +75,11 @@ static_assert(KVP_WRITE_ARGS_STRUCT_SIZE_1_0 == 64);
 static_assert(KVP_WRITE_STATS_STRUCT_SIZE_1_0 == 24);
 static_assert(KVP_DECODE_CONFIG_STRUCT_SIZE_1_0 == 48);
 static_assert(KVP_DECODE_CONFIG_STRUCT_SIZE_1_2 == 52);
+static_assert(KVP_DECODE_CONFIG_STRUCT_SIZE_1_3 == 56);
 static_assert(KVP_DECODE_ARGS_STRUCT_SIZE_1_0 == 112);
+static_assert(KVP_ATTEND_ARGS_STRUCT_SIZE_1_3 == 120);
 static_assert(KVP_API_STRUCT_SIZE_1_0 == 312);
+static_assert(KVP_API_STRUCT_SIZE_1_3 == 328);
 
 // Today's structs end at their latest version's last field (plus the
 // alignment padding sizeof adds): nothing sits past the newest mark.
@@ -85,9 +93,10 @@ static_assert(EndsAt<kvp_layer_layout>(KVP_LAYER_LAYOUT_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_cache_info>(KVP_CACHE_INFO_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_write_args>(KVP_WRITE_ARGS_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_write_stats>(KVP_WRITE_STATS_STRUCT_SIZE_1_0));
-static_assert(EndsAt<kvp_decode_config>(KVP_DECODE_CONFIG_STRUCT_SIZE_1_2));
+static_assert(EndsAt<kvp_decode_config>(KVP_DECODE_CONFIG_STRUCT_SIZE_1_3));
 static_assert(EndsAt<kvp_decode_args>(KVP_DECODE_ARGS_STRUCT_SIZE_1_0));
-static_assert(EndsAt<kvp_api>(KVP_API_STRUCT_SIZE_1_0));
+static_assert(EndsAt<kvp_attend_args>(KVP_ATTEND_ARGS_STRUCT_SIZE_1_3));
+static_assert(EndsAt<kvp_api>(KVP_API_STRUCT_SIZE_1_3));
 
 // Offsets callers compiled against ABI 1.0 rely on.
 static_assert(offsetof(kvp_cache_config, allocator) == 56);
@@ -96,7 +105,10 @@ static_assert(offsetof(kvp_layer_layout, v_scale_bytes) == 168);
 static_assert(offsetof(kvp_write_args, slot_mapping) == 56);
 static_assert(offsetof(kvp_decode_config, workspace_bytes) == 40);
 static_assert(offsetof(kvp_decode_config, precise) == 48);
+static_assert(offsetof(kvp_decode_config, max_query_tokens) == 52);
 static_assert(offsetof(kvp_decode_args, lse) == 104);
+static_assert(offsetof(kvp_attend_args, query_starts) == 32);
+static_assert(offsetof(kvp_attend_args, lse) == 112);
 
 // The function table is append-only: these offsets are the ABI (with
 // KVP_API_STRUCT_SIZE_1_0 above, which pins the last ABI 1.0 entry).
@@ -108,6 +120,7 @@ static_assert(offsetof(kvp_api, cache_write) == 216);
 static_assert(offsetof(kvp_api, cache_copy_blocks) == 248);
 static_assert(offsetof(kvp_api, decoder_create) == 280);
 static_assert(offsetof(kvp_api, decode) == 304);
+static_assert(offsetof(kvp_api, attend) == 320);
 
 // Copies the caller's struct over `out` (already holding defaults): the
 // bytes both sides know, i.e. min(user->struct_size, sizeof(T)).

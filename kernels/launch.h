@@ -49,6 +49,14 @@ constexpr int64_t kReduceManyRows = 2048;
 int LaunchDecode(const DecodeParams& params, const DecodePlan& plan,
                  const DecodeWorkspace& workspace, void* stream);
 
+// kvp_attend (params.query_starts set): the schedule kernel, the
+// attention kernel of the cache's K/V sides and head size, and the merge
+// kernel of split tiles; shaped by `plan` alone (src/decode_plan.h). A plan
+// this build cannot run is refused (cudaErrorInvalidValue), launching
+// nothing.
+int LaunchAttend(const DecodeParams& params, const AttendPlan& plan,
+                 const AttendWorkspace& workspace, void* stream);
+
 }  // namespace kernels
 }  // namespace kvpage
 

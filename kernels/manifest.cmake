@@ -37,6 +37,10 @@ set(KVPAGE_TC_BLOCK_SIZES "${KVPAGE_ALL_TC_BLOCK_SIZES}" CACHE STRING
 set(KVPAGE_DECODE_TENSOR_CORE_HEAD_SIZES 64 128 256)
 set(KVPAGE_DECODE_STAGED_HEAD_SIZES 128)
 set(KVPAGE_DECODE_STAGED_DTYPES FP16 BF16)
+#   query-chunk attention (kernels/varlen_attention.cuh): every head size,
+#     one kernel per (K side, V side) of the operand kinds the dtypes need
+#     (BF16 -> bf16, FP16 -> fp16, FP8/INT8/INT4 -> codes; attend_traits.h),
+#     so mixed K/V dtypes are served too.
 
 # Per dtype: the C++ enumerator (src/geometry.h), bits, and the name
 # kvp_build_info() reports.
@@ -50,6 +54,11 @@ set(_kvp_BF16_bits 16)
 set(_kvp_FP8_E4M3_bits 8)
 set(_kvp_INT8_bits 8)
 set(_kvp_INT4_bits 4)
+set(_kvp_FP16_operand kFp16)
+set(_kvp_BF16_operand kBf16)
+set(_kvp_FP8_E4M3_operand kCodes)
+set(_kvp_INT8_operand kCodes)
+set(_kvp_INT4_operand kCodes)
 
 function(_kvp_check_subset name all)
   if("${${name}}" STREQUAL "")
@@ -152,6 +161,41 @@ ${body}
       list(APPEND sources "${path}")
     endforeach()
   endforeach()
+  # Query-chunk attention: the operand kinds of the dtypes, in a fixed order.
+  set(kinds "")
+  foreach(kind IN ITEMS kBf16 kFp16 kCodes)
+    foreach(t IN LISTS dtypes)
+      if(_kvp_${t}_operand STREQUAL kind AND NOT kind IN_LIST kinds)
+        list(APPEND kinds ${kind})
+      endif()
+    endforeach()
+  endforeach()
+  set(x_attend "")
+  foreach(kk IN LISTS kinds)
+    foreach(vk IN LISTS kinds)
+      set(body "")
+      foreach(d IN LISTS heads)
+        string(APPEND x_attend " X(${kk}, ${vk}, ${d})")
+        string(APPEND body "KVPAGE_ATTEND_INSTANTIATE(${kk}, ${vk}, ${d})\n")
+      endforeach()
+      string(TOLOWER "${kk}_${vk}" unit)
+      string(REPLACE "k" "" unit "${unit}")
+      set(path "${out_dir}/kernels/attend_${unit}.cu")
+      _kvp_write("${path}" "// Generated from kernels/manifest.cmake: do not edit.
+#include \"kernels/varlen_attention.cuh\"
+
+namespace kvpage {
+namespace kernels {
+namespace attend {
+
+${body}
+}  // namespace attend
+}  // namespace kernels
+}  // namespace kvpage
+")
+      list(APPEND sources "${path}")
+    endforeach()
+  endforeach()
   set(full 0)
   if(dtypes STREQUAL KVPAGE_ALL_KV_DTYPES AND heads STREQUAL KVPAGE_ALL_HEAD_SIZES
      AND tc_block_sizes STREQUAL KVPAGE_ALL_TC_BLOCK_SIZES)
@@ -175,6 +219,9 @@ ${body}
 #define KVPAGE_MANIFEST_DECODE_THREAD_GROUP(X)${x_tg}
 #define KVPAGE_MANIFEST_DECODE_TENSOR_CORE(X)${x_tc}
 #define KVPAGE_MANIFEST_DECODE_STAGED(X)${x_staged}
+// Query-chunk attention kernels, X(K side, V side, head size) each
+// (kernels::OperandKind enumerators).
+#define KVPAGE_MANIFEST_ATTEND(X)${x_attend}
 // The same sets as kvp_build_info() reports them.
 #define KVPAGE_MANIFEST_KV_DTYPE_NAMES \"${dtype_names}\"
 #define KVPAGE_MANIFEST_HEAD_SIZE_NAMES \"${head_names}\"

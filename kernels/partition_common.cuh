@@ -333,28 +333,6 @@ __device__ __forceinline__ bool StageBlockIds(const DecodeParams& p, const Decod
 
 // ---- Host side ----------------------------------------------------------
 
-// Raises a kernel's dynamic shared memory limit to `bytes` when it exceeds
-// the default 48 KiB: once per (kernel, device, size increase), a host-side
-// attribute set, no synchronization.
-inline int EnsureDynamicSmem(const void* kernel, size_t bytes, std::atomic<size_t>* configured,
-                             int max_devices) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  std::atomic<size_t>* slot = dev < max_devices ? &configured[dev] : nullptr;
-  if (slot != nullptr && slot->load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes));
-  if (err != cudaSuccess) return err;
-  if (slot != nullptr) {
-    size_t cur = slot->load(std::memory_order_relaxed);
-    while (cur < bytes && !slot->compare_exchange_weak(cur, bytes)) {
-    }
-  }
-  return cudaSuccess;
-}
-
 // A partition kernel: grid (max_partitions, num_kv_heads, num_seqs).
 using PartitionKernelFn = void (*)(DecodeParams, DecodePlan, DecodeWorkspace);
 

@@ -252,14 +252,25 @@ absl::Status Cache::TakeDeviceFault() const {
           where, value, limit));
     case DeviceFault::kSeqLenOutOfRange:
       return InvalidArgument(kvpage::StrFormat(
-          "checked mode: an earlier kvp_decode had seq_lens[%d] = %d, out of range [0, %d] "
-          "(max_context_len, block_table_width * block_size); it was decoded as empty",
+          "checked mode: an earlier kvp_decode or kvp_attend had seq_lens[%d] = %d, out of range "
+          "[0, %d] (max_context_len, block_table_width * block_size); it was decoded as empty",
           where, value, limit));
     case DeviceFault::kBlockIdOutOfRange:
       return InvalidArgument(kvpage::StrFormat(
-          "checked mode: an earlier kvp_decode had block id %d in block_table row %d, out of "
-          "range [0, %d); that part of the sequence was not read",
+          "checked mode: an earlier kvp_decode or kvp_attend had block id %d in block_table row "
+          "%d, out of range [0, %d); that part of the sequence was not read",
           value, where, limit));
+    case DeviceFault::kQueryStartOutOfRange:
+      return InvalidArgument(kvpage::StrFormat(
+          "checked mode: an earlier kvp_attend had query_starts[%d] = %d, below the entry "
+          "before it, above max_query_tokens = %d, or, as query_starts[0], not 0; the sequences "
+          "it bounds were not attended",
+          where, value, limit));
+    case DeviceFault::kQueryPastContext:
+      return InvalidArgument(kvpage::StrFormat(
+          "checked mode: an earlier kvp_attend gave sequence %d %d query tokens but seq_lens[%d] "
+          "= %d; its sequence was not attended",
+          where, value, where, limit));
     case DeviceFault::kCopyPairOutOfRange:
       return InvalidArgument(kvpage::StrFormat(
           "checked mode: an earlier kvp_cache_copy_blocks had block id %d in pair %d, out of "

@@ -187,10 +187,34 @@ absl::Status CpuBackend::Write(const WriteParams& p, void*) {
   return absl::OkStatus();
 }
 
-// Checks the lengths and every block id a decode will read, so that a bad
-// table is an error rather than an out-of-bounds read.
+// Sequence s's first query token and number of query tokens.
+struct QueryChunk {
+  int64_t start;
+  int32_t count;
+};
+QueryChunk ChunkOf(const DecodeParams& p, int32_t s) {
+  if (p.query_starts == nullptr) return {int64_t{s} * p.query_len, p.query_len};
+  return {p.query_starts[s], p.query_starts[s + 1] - p.query_starts[s]};
+}
+
+// Checks the query offsets, the lengths and every block id a decode will
+// read, so that a bad table is an error rather than an out-of-bounds read.
 absl::Status ValidateDecodeInputs(const DecodeParams& p) {
   const CacheGeometry& g = p.geo;
+  if (p.query_starts != nullptr) {
+    if (p.query_starts[0] != 0) {
+      return InvalidArgument(
+          kvpage::StrFormat("query_starts[0] = %d, must be 0", p.query_starts[0]));
+    }
+    for (int32_t s = 1; s <= p.num_seqs; ++s) {
+      const int32_t v = p.query_starts[s];
+      if (v < p.query_starts[s - 1] || v > p.max_query_tokens) {
+        return InvalidArgument(kvpage::StrFormat(
+            "query_starts[%d] = %d is out of range [query_starts[%d] = %d, max_query_tokens = %d]",
+            s, v, s - 1, p.query_starts[s - 1], p.max_query_tokens));
+      }
+    }
+  }
   const int64_t table_tokens = int64_t{p.block_table_width} * g.block_size;
   for (int32_t s = 0; s < p.num_seqs; ++s) {
     const int32_t len = p.seq_lens[s];
@@ -200,6 +224,12 @@ absl::Status ValidateDecodeInputs(const DecodeParams& p) {
                             "block_table_width %d * block_size %d)",
                             s, len, std::min<int64_t>(p.max_context_len, table_tokens),
                             p.max_context_len, p.block_table_width, g.block_size));
+    }
+    if (p.query_starts != nullptr && ChunkOf(p, s).count > len) {
+      return InvalidArgument(kvpage::StrFormat(
+          "sequence %d brings %d query tokens (query_starts[%d] - query_starts[%d]) but "
+          "seq_lens[%d] = %d: the query tokens are the last ones of the context",
+          s, ChunkOf(p, s).count, s + 1, s, s, len));
     }
     const int32_t blocks = (len + g.block_size - 1) / g.block_size;
     for (int32_t j = 0; j < blocks; ++j) {
@@ -227,7 +257,8 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&, vo
   // that a failure (std::bad_alloc in a worker) leaves out and lse untouched.
   // They stay double until the store, which rounds each once to the output
   // dtype (through FP32 first, FP16/BF16 would round twice).
-  const int64_t num_rows = int64_t{p.num_seqs} * p.query_len;
+  const int64_t num_rows = p.query_starts != nullptr ? int64_t{p.query_starts[p.num_seqs]}
+                                                     : int64_t{p.num_seqs} * p.query_len;
   std::vector<double> results(static_cast<size_t>(num_rows * p.num_q_heads * D));
   std::vector<float> lses(p.lse ? static_cast<size_t>(num_rows * p.num_q_heads) : 0);
 
@@ -246,6 +277,8 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&, vo
   KVP_RETURN_IF_ERROR(ParallelFor(int64_t{p.num_seqs} * g.num_kv_heads, [&](int64_t item) {
     const int32_t s = static_cast<int32_t>(item / g.num_kv_heads);
     const int kvh = static_cast<int>(item % g.num_kv_heads);
+    const QueryChunk chunk = ChunkOf(p, s);
+    if (chunk.count == 0) return;  // nothing to attend, nothing to write
     const int32_t len = p.seq_lens[s];
     std::vector<double> k(static_cast<size_t>(len) * D), v(k.size());
     std::vector<uint16_t> codes(D);
@@ -267,9 +300,9 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&, vo
     std::vector<double> q(D), logits(std::max(len, 1)), acc(D);
     for (int gi = 0; gi < group; ++gi) {
       const int h = kvh * group + gi;
-      for (int32_t i = 0; i < p.query_len; ++i) {
-        const int64_t row = int64_t{s} * p.query_len + i;
-        const int32_t pos = len - p.query_len + i;  // the query's position
+      for (int32_t i = 0; i < chunk.count; ++i) {
+        const int64_t row = chunk.start + i;
+        const int32_t pos = len - chunk.count + i;  // the query's position
         const int32_t lo = p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
         std::fill(acc.begin(), acc.end(), 0.0);
         double lse = -std::numeric_limits<double>::infinity();

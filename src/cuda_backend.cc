@@ -129,14 +129,17 @@ class CudaBackend final : public Backend {
                      "cache write kernel launch");
   }
 
+  // The decode's split-K scratch, then kvp_attend's (src/decode_plan.h).
   size_t DecodeWorkspaceBytes(const CacheGeometry& geo, const DecodeCapacity& cap) const override {
     return static_cast<size_t>(
-        PlanWorkspace(geo, cap, PlanDecode(geo, cap, device_, tuning_)).bytes);
+        AttendWorkspaceBase(geo, cap) +
+        PlanAttendWorkspace(geo, PlanAttend(geo, cap, device_, tuning_)).bytes);
   }
 
   absl::Status Decode(const DecodeParams& p, const DecodeCapacity& cap, void* workspace,
                       void* stream) override {
     KVP_CUDA_GUARD(ordinal_);
+    if (p.query_starts != nullptr) return Attend(p, cap, workspace, stream);
     const DecodePlan plan = PlanDecode(p.geo, cap, device_, tuning_);
     const DecodeWorkspaceLayout l = PlanWorkspace(p.geo, cap, plan);
     auto* base = static_cast<uint8_t*>(workspace);
@@ -146,6 +149,26 @@ class CudaBackend final : public Backend {
     ws.partial_sum = reinterpret_cast<float*>(base + l.sum_offset);
     return CudaError(static_cast<cudaError_t>(kernels::LaunchDecode(p, plan, ws, stream)),
                      "decode kernel launch");
+  }
+
+  absl::Status Attend(const DecodeParams& p, const DecodeCapacity& cap, void* workspace,
+                      void* stream) {
+    if (cap.precise) {
+      return Unsupported(
+          "kvp_attend on a precise decoder (config->precise = 1) is served by the CPU backend "
+          "only: the CUDA query-chunk kernels multiply 16-bit operands on tensor cores");
+    }
+    const AttendPlan plan = PlanAttend(p.geo, cap, device_, tuning_);
+    const AttendWorkspaceLayout l = PlanAttendWorkspace(p.geo, plan);
+    auto* base = static_cast<uint8_t*>(workspace) + AttendWorkspaceBase(p.geo, cap);
+    AttendWorkspace ws;
+    ws.counts = reinterpret_cast<int32_t*>(base + l.counts_offset);
+    ws.items = reinterpret_cast<AttendWorkItem*>(base + l.items_offset);
+    ws.merges = reinterpret_cast<AttendMerge*>(base + l.merges_offset);
+    ws.partial_out = reinterpret_cast<float*>(base + l.out_offset);
+    ws.partial_lse = reinterpret_cast<float*>(base + l.lse_offset);
+    return CudaError(static_cast<cudaError_t>(kernels::LaunchAttend(p, plan, ws, stream)),
+                     "attention kernel launch");
   }
 
   absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
@@ -158,6 +181,11 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Where kvp_attend's part of the workspace starts: past the decode's.
+  int64_t AttendWorkspaceBase(const CacheGeometry& geo, const DecodeCapacity& cap) const {
+    return PlanWorkspace(geo, cap, PlanDecode(geo, cap, device_, tuning_)).bytes;
+  }
+
   const int32_t ordinal_;
   const DeviceProfile device_;
   const DecodeTuning tuning_;  // read from the environment when the cache is created

@@ -5,6 +5,7 @@
 #include "src/decode_plan.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "kernels/attend_traits.h"
 #include "kernels/decode_traits.h"
 #include "src/decode_partition.h"
 
@@ -43,6 +45,7 @@ DecodeTuning DecodeTuningFromEnvironment() {
   t.staged = OnUnlessZero("KVPAGE_DECODE_STAGED");
   t.dependent_decode = OnUnlessZero("KVPAGE_DECODE_PDL");
   t.dependent_write = OnUnlessZero("KVPAGE_WRITE_PDL");
+  t.attend_split = OnUnlessZero("KVPAGE_ATTEND_SPLIT");
   if (const char* v = std::getenv("KVPAGE_DECODE_PARTITION")) {
     int32_t n = 0;
     if (absl::SimpleAtoi(v, &n) && n >= kPartitionTokenMultiple &&
@@ -166,6 +169,57 @@ DecodeWorkspaceLayout PlanWorkspace(const CacheGeometry& geo, const DecodeCapaci
   l.max_offset = AlignUp(rows * geo.head_size * int64_t{sizeof(float)}, kRegionAlignment);
   l.sum_offset = l.max_offset + AlignUp(rows * int64_t{sizeof(float)}, kRegionAlignment);
   l.bytes = l.sum_offset + AlignUp(rows * int64_t{sizeof(float)}, kRegionAlignment);
+  return l;
+}
+
+namespace {
+
+// Work items per SM the split-KV schedule aims at: two resident blocks of
+// the attention kernel (its shared memory allows two at head sizes up to
+// 128), two waves of them.
+constexpr int32_t kAttendItemsPerSm = 4;
+// A split span covers at least this many KV tokens, so that the merge's
+// round trip stays small beside the span's work.
+constexpr int32_t kAttendMinSplitTokens = 512;
+
+}  // namespace
+
+AttendPlan PlanAttend(const CacheGeometry& geo, const DecodeCapacity& cap,
+                      const DeviceProfile& device, const DecodeTuning& tuning) {
+  const kernels::AttendTile tile = kernels::AttendTileFor(geo.head_size);
+  AttendPlan plan;
+  plan.tile_rows = tile.rows;
+  plan.tile_tokens = tile.tokens;
+  plan.threads = tile.threads;
+  plan.shared_bytes =
+      static_cast<size_t>(kernels::AttendLayout(geo.head_size, kernels::OperandKindOf(geo.k_dtype),
+                                                kernels::OperandKindOf(geo.v_dtype))
+                              .bytes);
+  const int64_t group = geo.num_kv_heads > 0 ? cap.num_q_heads / geo.num_kv_heads : 1;
+  const int64_t tiles = (int64_t{cap.max_query_tokens} * group + tile.rows - 1) / tile.rows +
+                        std::min(cap.max_num_seqs, cap.max_query_tokens);
+  plan.max_tiles = static_cast<int32_t>(std::min<int64_t>(tiles, INT32_MAX / 2));
+  const int64_t target =
+      geo.num_kv_heads > 0 ? int64_t{device.num_sms} * kAttendItemsPerSm / geo.num_kv_heads : 0;
+  plan.split_items = tuning.attend_split ? static_cast<int32_t>(std::max<int64_t>(target, 0)) : 0;
+  plan.min_split_tokens = kAttendMinSplitTokens;
+  plan.max_items = std::max(plan.max_tiles, plan.split_items);
+  return plan;
+}
+
+AttendWorkspaceLayout PlanAttendWorkspace(const CacheGeometry& geo, const AttendPlan& plan) {
+  AttendWorkspaceLayout l;
+  l.counts_offset = 0;
+  l.items_offset = AlignUp(2 * int64_t{sizeof(int32_t)}, kRegionAlignment);
+  l.merges_offset =
+      l.items_offset +
+      AlignUp(int64_t{plan.max_items} * int64_t{sizeof(AttendWorkItem)}, kRegionAlignment);
+  l.out_offset = l.merges_offset + AlignUp(int64_t{plan.split_items} * int64_t{sizeof(AttendMerge)},
+                                           kRegionAlignment);
+  const int64_t rows = int64_t{plan.split_items} * geo.num_kv_heads * plan.tile_rows;
+  l.lse_offset =
+      l.out_offset + AlignUp(rows * geo.head_size * int64_t{sizeof(float)}, kRegionAlignment);
+  l.bytes = l.lse_offset + AlignUp(rows * int64_t{sizeof(float)}, kRegionAlignment);
   return l;
 }
 

@@ -23,6 +23,9 @@ struct DecodeCapacity {
   int32_t max_num_seqs = 0;
   int32_t max_context_len = 0;
   int32_t max_query_len = 1;
+  // Query tokens of one kvp_attend call (kvp_decode_config.max_query_tokens,
+  // resolved: never 0).
+  int32_t max_query_tokens = 1;
   // kvp_decode_config.precise: FP32 from end to end (the plan runs the
   // CUDA-core kernel).
   bool precise = false;
@@ -60,6 +63,8 @@ struct DecodeTuning {
   // register path, 0..4 steps each; -1: the device's default.
   int32_t prefetch_k_steps = -1;
   int32_t prefetch_v_steps = -1;
+  // KVPAGE_ATTEND_SPLIT=0: kvp_attend never splits a tile's context.
+  bool attend_split = true;
 };
 
 // The tuning the KVPAGE_* environment variables ask for (README.md's table);
@@ -87,6 +92,21 @@ struct DecodeWorkspaceLayout {
 };
 DecodeWorkspaceLayout PlanWorkspace(const CacheGeometry& geo, const DecodeCapacity& cap,
                                     const DecodePlan& plan);
+
+// kvp_attend's plan: the attention kernel's tile (kernels/attend_traits.h),
+// its shared memory, the work-item bound of a batch within the capacities
+// and the split-KV target, from capacities and device only.
+AttendPlan PlanAttend(const CacheGeometry& geo, const DecodeCapacity& cap,
+                      const DeviceProfile& device, const DecodeTuning& tuning);
+
+// kvp_attend's workspace (src/params.h AttendWorkspace): offsets of its
+// arrays, each 256-byte aligned, from the start of its part of the
+// decoder's workspace, and the bytes in all.
+struct AttendWorkspaceLayout {
+  int64_t counts_offset = 0, items_offset = 0, merges_offset = 0, out_offset = 0, lse_offset = 0,
+          bytes = 0;
+};
+AttendWorkspaceLayout PlanAttendWorkspace(const CacheGeometry& geo, const AttendPlan& plan);
 
 // "thread_group", "tensor_core_registers", "tensor_core_ring",
 // "tensor_core_staged" (messages, tests, the benchmark).

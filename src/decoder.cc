@@ -29,6 +29,11 @@ absl::Status Decoder::Validate(const Cache& cache, const DecoderOptions& o) {
         kvpage::StrFormat("config->max_query_len = %d, must be in [1, max_context_len = %d]",
                           c.max_query_len, c.max_context_len));
   }
+  if (c.max_query_tokens < 1) {
+    return InvalidArgument(kvpage::StrFormat(
+        "config->max_query_tokens = %d, must be >= 0 (0 = max_num_seqs * max_query_len)",
+        c.max_query_tokens));
+  }
   // Whatever the backend makes of them (CUDA: split-K partials of at least
   // 32 tokens each, FP32), byte counts and offsets derived from the
   // capacities must stay far inside int64.
@@ -41,6 +46,16 @@ absl::Status Decoder::Validate(const Cache& cache, const DecoderOptions& o) {
         "max_context_len = %d together describe a decode of more than 2^56 bytes of "
         "workspace",
         c.max_num_seqs, c.max_query_len, c.num_q_heads, c.max_context_len));
+  }
+  // kvp_attend's rows (query tokens times heads) and their split-KV
+  // partials likewise.
+  const __int128 attend_rows = (static_cast<__int128>(c.max_query_tokens) + c.max_num_seqs) *
+                               c.num_q_heads * (int64_t{g.head_size} + 2) * 4;
+  if (attend_rows > kMaxBytes) {
+    return InvalidArgument(kvpage::StrFormat(
+        "config->max_query_tokens = %d with num_query_heads = %d describes more than 2^56 bytes "
+        "of query rows",
+        c.max_query_tokens, c.num_q_heads));
   }
   if (!IsActivationDtype(o.q_dtype)) {
     return InvalidArgument(
@@ -126,7 +141,8 @@ absl::Status Decoder::Run(const DecodeRequest& r, void* stream) {
     return InvalidArgument(kvpage::StrFormat(
         "args->num_seqs = %d is out of range [0, max_num_seqs = %d]", r.num_seqs, c.max_num_seqs));
   }
-  if (r.query_len < 1 || r.query_len > c.max_query_len) {
+  const bool attend = r.attend;
+  if (!attend && (r.query_len < 1 || r.query_len > c.max_query_len)) {
     return InvalidArgument(
         kvpage::StrFormat("args->query_len = %d is out of range [1, max_query_len = %d]",
                           r.query_len, c.max_query_len));
@@ -165,16 +181,17 @@ absl::Status Decoder::Run(const DecodeRequest& r, void* stream) {
   }
   if (r.num_seqs == 0) return absl::OkStatus();
   // Element offsets of the last row must be computable in int64.
-  const int64_t rows = int64_t{r.num_seqs} * r.query_len;
+  const int64_t rows = attend ? int64_t{c.max_query_tokens} : int64_t{r.num_seqs} * r.query_len;
   KVP_RETURN_IF_ERROR(CheckRowExtent("args->q_token_stride", r.q_stride, rows, dense));
   KVP_RETURN_IF_ERROR(CheckRowExtent("args->out_token_stride", r.out_stride, rows, dense));
   KVP_RETURN_IF_ERROR(CheckRowExtent("args->block_table_stride", r.block_table_stride, r.num_seqs,
                                      r.block_table_width));
-  const char* null_arg = r.q == nullptr             ? "q"
-                         : r.block_table == nullptr ? "block_table"
-                         : r.seq_lens == nullptr    ? "seq_lens"
-                         : r.out == nullptr         ? "out"
-                                                    : nullptr;
+  const char* null_arg = attend && r.query_starts == nullptr ? "query_starts"
+                         : r.q == nullptr                    ? "q"
+                         : r.block_table == nullptr          ? "block_table"
+                         : r.seq_lens == nullptr             ? "seq_lens"
+                         : r.out == nullptr                  ? "out"
+                                                             : nullptr;
   if (null_arg != nullptr) {
     return InvalidArgument(
         kvpage::StrFormat("args->%s is NULL with num_seqs = %d", null_arg, r.num_seqs));
@@ -184,7 +201,9 @@ absl::Status Decoder::Run(const DecodeRequest& r, void* stream) {
   p.geo = g;
   p.layer = cache_.layer(r.layer);
   p.num_seqs = r.num_seqs;
-  p.query_len = r.query_len;
+  p.query_len = attend ? 0 : r.query_len;
+  p.query_starts = attend ? r.query_starts : nullptr;
+  p.max_query_tokens = c.max_query_tokens;
   p.num_q_heads = c.num_q_heads;
   p.max_context_len = c.max_context_len;
   p.q_dtype = options_.q_dtype;

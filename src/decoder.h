@@ -22,11 +22,15 @@ struct DecoderOptions {
   uint64_t workspace_bytes = 0;
 };
 
-// Mirrors kvp_decode_args (see include/kvpage/kvpage.h for semantics).
+// Mirrors kvp_decode_args and kvp_attend_args (see include/kvpage/kvpage.h
+// for semantics): kvp_attend sets `attend` and query_starts, kvp_decode
+// query_len.
 struct DecodeRequest {
+  bool attend = false;
   int32_t layer = 0;
   int32_t num_seqs = 0;
   int32_t query_len = 1;
+  const int32_t* query_starts = nullptr;
   int32_t sliding_window = 0;
   float sm_scale = 0;
   float logits_soft_cap = 0;
@@ -55,6 +59,7 @@ class Decoder {
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
 
+  // kvp_decode (request.query_starts null) and kvp_attend.
   absl::Status Run(const DecodeRequest& request, void* stream);
 
  private:

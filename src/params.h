@@ -16,10 +16,12 @@ namespace kvpage {
 // synchronizing; a kernel claims it, fills it, then publishes `fault`.
 enum class DeviceFault : uint32_t {
   kNone = 0,
-  kSlotOutOfRange = 1,     // write: slot_mapping[where] = value, not in [-1, limit)
-  kSeqLenOutOfRange = 2,   // decode: seq_lens[where] = value, not in [0, limit]
-  kBlockIdOutOfRange = 3,  // decode: a block id of table row `where` = value, not in [0, limit)
-  kCopyPairOutOfRange = 4  // copy: a block id of pair `where` = value, not in [0, limit)
+  kSlotOutOfRange = 1,        // write: slot_mapping[where] = value, not in [-1, limit)
+  kSeqLenOutOfRange = 2,      // decode: seq_lens[where] = value, not in [0, limit]
+  kBlockIdOutOfRange = 3,     // decode: a block id of table row `where` = value, not in [0, limit)
+  kCopyPairOutOfRange = 4,    // copy: a block id of pair `where` = value, not in [0, limit)
+  kQueryStartOutOfRange = 5,  // attend: query_starts[where] = value, not in [previous, limit]
+  kQueryPastContext = 6       // attend: sequence `where` has value query tokens > seq_lens = limit
 };
 
 struct DeviceErrorRecord {
@@ -52,12 +54,18 @@ struct WriteParams {
   DeviceErrorRecord* checked;  // checked mode: report bad slots here; else null
 };
 
-// Decode attention over one layer (semantics: kvp_decode in kvpage.h).
+// Attention over one layer (semantics: kvp_decode and kvp_attend in
+// kvpage.h). Sequence s owns query tokens query_starts[s] ..
+// query_starts[s + 1] - 1 (kvp_attend), or, with query_starts null,
+// s * query_len .. (s + 1) * query_len - 1 (kvp_decode); q, out and lse are
+// indexed by that token number either way.
 struct DecodeParams {
   CacheGeometry geo;
   const uint8_t* layer;
   int32_t num_seqs;
-  int32_t query_len;
+  int32_t query_len;            // kvp_decode; 0 with query_starts
+  const int32_t* query_starts;  // kvp_attend: [num_seqs + 1]; else null
+  int32_t max_query_tokens;     // capacity of the decoder (kvp_attend)
   int32_t num_q_heads;
   int32_t max_context_len;  // capacity of the decoder
   DType q_dtype;
@@ -75,7 +83,7 @@ struct DecodeParams {
   float logits_soft_cap;       // 0 = off
   void* out;
   int64_t out_stride;          // elements between query tokens
-  float* lse;                  // [num_seqs][query_len][num_q_heads] or null
+  float* lse;                  // [query token][num_q_heads] or null
   DeviceErrorRecord* checked;  // checked mode: validate lengths and block ids; else null
 };
 
@@ -143,6 +151,73 @@ struct DecodeWorkspace {
   float* partial_out = nullptr;
   float* partial_max = nullptr;
   float* partial_sum = nullptr;
+};
+
+// ---- Attention over query chunks (kvp_attend) ---------------------------------------------
+
+// The plan of kvp_attend's launches (PlanAttend, src/decode_plan.h), fixed
+// by the decoder's capacities and the device, never by a batch: a schedule
+// kernel turns the batch's lengths into work items on the device, the
+// attention kernel runs one block per work item and KV head, and a merge
+// kernel combines the items of tiles whose context was split
+// (docs/DESIGN.md, "Attention over query chunks").
+struct AttendPlan {
+  int32_t tile_rows = 0;    // query rows (token x query head of a group) a block serves
+  int32_t tile_tokens = 0;  // KV tokens per mainloop step
+  int32_t threads = 0;
+  size_t shared_bytes = 0;
+  // Query tiles a batch within the capacities can have, per KV head:
+  // ceil(max_query_tokens * group / tile_rows) plus one partial tile per
+  // sequence.
+  int32_t max_tiles = 0;
+  // Work items per KV head the schedule aims at when a batch has fewer
+  // tiles than that (few long contexts, short chunks): it splits each
+  // tile's context into equal spans of at least min_split_tokens, so that
+  // the items fill the GPU; 0 = never split. The split items' partial
+  // results need split_items slots.
+  int32_t split_items = 0;
+  int32_t min_split_tokens = 0;
+  int32_t max_items = 0;  // max(max_tiles, split_items): the attention grid's x
+};
+
+// One work item: the query tile `tile` of sequence `seq` (its packed rows
+// tile * tile_rows .., row = query token * group + query head in the
+// group) over the KV tokens [kv_begin, kv_end), with the sequence's query
+// tokens and context as the schedule checked them. An item of a split tile
+// (split_slot >= 0) writes its partial result to that slot of the
+// workspace; else it writes out and lse.
+struct AttendWorkItem {
+  int32_t seq;
+  int32_t tile;
+  int32_t kv_begin;
+  int32_t kv_end;
+  int32_t split_slot;
+  int32_t query_start;
+  int32_t query_count;
+  int32_t context;
+};
+
+// A split tile: its items are split_slot first_slot .. first_slot +
+// num_splits - 1, in KV order.
+struct AttendMerge {
+  int32_t seq;
+  int32_t tile;
+  int32_t first_slot;
+  int32_t num_splits;
+};
+
+// kvp_attend's scratch, carved from the decoder's workspace:
+//   counts        [2]: work items, merges (written by the schedule kernel)
+//   items         [max_items]
+//   merges        [split_items]
+//   partial_out   [split_items][num_kv_heads][tile_rows][head_size] FP32
+//   partial_lse   [split_items][num_kv_heads][tile_rows] FP32
+struct AttendWorkspace {
+  int32_t* counts = nullptr;
+  AttendWorkItem* items = nullptr;
+  AttendMerge* merges = nullptr;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
 };
 
 }  // namespace kvpage

@@ -28,6 +28,10 @@ type DecodeConfig struct {
 	// LSE). On CUDA it runs the CUDA-core kernel, slower for GQA groups and
 	// quantized caches; the CPU backend is precise in every mode.
 	Precise bool
+	// MaxQueryTokens (ABI 1.3) is the query tokens of one [Decoder.Attend]
+	// call, all sequences together: the capacity its launches are shaped
+	// by. Default 0 = MaxNumSeqs * MaxQueryLen.
+	MaxQueryTokens int
 }
 
 // DefaultDecodeConfig is the library's default configuration
@@ -39,8 +43,17 @@ func DefaultDecodeConfig() DecodeConfig {
 		NumQueryHeads: int(c.num_query_heads), MaxNumSeqs: int(c.max_num_seqs),
 		MaxContextLen: int(c.max_context_len), MaxQueryLen: int(c.max_query_len),
 		QDType: DType(c.q_dtype), OutDType: DType(c.out_dtype),
-		Precise: c.precise != 0,
+		Precise: c.precise != 0, MaxQueryTokens: int(c.max_query_tokens),
 	}
+}
+
+// QueryTokenCapacity is the query tokens one [Decoder.Attend] call may
+// bring: MaxQueryTokens, or MaxNumSeqs * MaxQueryLen where it is 0.
+func (cfg DecodeConfig) QueryTokenCapacity() int {
+	if cfg.MaxQueryTokens != 0 {
+		return cfg.MaxQueryTokens
+	}
+	return cfg.MaxNumSeqs * cfg.MaxQueryLen
 }
 
 // precise is cfg.Precise as kvp_decode_config.precise takes it.
@@ -53,12 +66,13 @@ func (cfg DecodeConfig) precise() int32 {
 
 func (cfg DecodeConfig) toC(workspace uintptr, workspaceBytes uint64, precise int32) (C.kvp_decode_config, error) {
 	var c C.kvp_decode_config
-	var v [4]C.int32_t
+	var v [5]C.int32_t
 	for i, x := range []struct {
 		n    int
 		name string
 	}{{cfg.NumQueryHeads, "NumQueryHeads"}, {cfg.MaxNumSeqs, "MaxNumSeqs"},
-		{cfg.MaxContextLen, "MaxContextLen"}, {cfg.MaxQueryLen, "MaxQueryLen"}} {
+		{cfg.MaxContextLen, "MaxContextLen"}, {cfg.MaxQueryLen, "MaxQueryLen"},
+		{cfg.MaxQueryTokens, "MaxQueryTokens"}} {
 		n, err := toInt32(x.n, "cfg."+x.name)
 		if err != nil {
 			return c, err
@@ -66,7 +80,7 @@ func (cfg DecodeConfig) toC(workspace uintptr, workspaceBytes uint64, precise in
 		v[i] = n
 	}
 	C.kvpgo_decode_config(&c, v[0], v[1], v[2], v[3], C.int32_t(cfg.QDType), C.int32_t(cfg.OutDType),
-		C.uintptr_t(workspace), C.uint64_t(workspaceBytes), C.int32_t(precise))
+		C.uintptr_t(workspace), C.uint64_t(workspaceBytes), C.int32_t(precise), v[4])
 	return c, nil
 }
 
@@ -346,6 +360,206 @@ func (d *Decoder) DecodeRaw(a RawDecodeArgs, stream uintptr) error {
 		C.float(a.LogitsSoftCap), C.uintptr_t(a.Q), C.int64_t(a.QTokenStride), C.uintptr_t(a.BlockTable),
 		C.int64_t(a.BlockTableStride), v[4], C.uintptr_t(a.SeqLens), C.uintptr_t(a.ALiBiSlopes),
 		C.uintptr_t(a.Out), C.int64_t(a.OutTokenStride), C.uintptr_t(a.LSE), C.uintptr_t(stream)))
+	runtime.KeepAlive(d)
+	return err
+}
+
+// AttendArgs is what [Decoder.Attend] attends, in Go memory: a batch whose
+// sequences each bring their own number of query tokens. Sequence
+// s < len(SeqLens) owns query tokens QueryStarts[s] .. QueryStarts[s+1]-1,
+// the last n_s = QueryStarts[s+1] - QueryStarts[s] tokens of its context of
+// SeqLens[s] tokens (n_s <= SeqLens[s]); token i of the chunk sits at
+// position SeqLens[s] - n_s + i and attends as [Decoder.Decode]'s query
+// token at that position does. Token t is Q[t*QTokenStride + h*HeadSize + d];
+// its result goes to Out[t*NumQueryHeads*HeadSize + h*HeadSize + d] and,
+// unless nil, its log-sum-exp to LSE[t*NumQueryHeads + h]. See
+// kvp_attend_args in the C header.
+type AttendArgs struct {
+	Layer        int
+	Q            any
+	QTokenStride int // elements; 0 = NumQueryHeads*HeadSize
+	// len(SeqLens)+1 offsets: 0 first, non-decreasing, the last at most the
+	// decoder's query token capacity ([DecodeConfig.QueryTokenCapacity]).
+	QueryStarts      []int32
+	BlockTable       []int32
+	BlockTableWidth  int
+	BlockTableStride int       // elements; 0 = BlockTableWidth
+	SeqLens          []int32   // context lengths, the new tokens included
+	SlidingWindow    int       // tokens attended per query, 0 = all
+	SMScale          float32   // 0 = 1/sqrt(HeadSize)
+	LogitsSoftCap    float32   // 0 = off
+	ALiBiSlopes      []float32 // one per query head, or nil
+	Out              any
+	LSE              []float32 // or nil
+}
+
+// RawAttendArgs is [Decoder.AttendRaw]'s arguments (kvp_attend_args):
+// addresses in the cache's memory space, device pointers for a CUDA cache.
+type RawAttendArgs struct {
+	Layer, NumSeqs, SlidingWindow int
+	SMScale, LogitsSoftCap        float32
+	QueryStarts, Q                uintptr
+	QTokenStride                  int64
+	BlockTable                    uintptr
+	BlockTableStride              int64
+	BlockTableWidth               int
+	SeqLens, ALiBiSlopes, Out     uintptr
+	OutTokenStride                int64
+	LSE                           uintptr
+}
+
+// Attend runs attention over query chunks of varying lengths (kvp_attend)
+// on a batch held in Go memory over a CPU cache. The library checks
+// QueryStarts (0 first, non-decreasing, within the capacity, no chunk
+// longer than its context) and names it in the error.
+func (d *Decoder) Attend(a AttendArgs) error {
+	if err := d.cache.requireHost("Attend"); err != nil {
+		return err
+	}
+	qp, qn, qt, err := hostData("Q", a.Q)
+	if err != nil {
+		return err
+	}
+	op, on, ot, err := hostData("Out", a.Out)
+	if err != nil {
+		return err
+	}
+	if qt != d.config.QDType {
+		return invalidArg("Q holds %v, the decoder was created with QDType %v", qt, d.config.QDType)
+	}
+	if ot != d.config.OutDType {
+		return invalidArg("Out holds %v, the decoder was created with OutDType %v", ot, d.config.OutDType)
+	}
+	if a.BlockTableWidth < 1 {
+		return invalidArg("BlockTableWidth = %d, must be >= 1", a.BlockTableWidth)
+	}
+	var v [4]C.int32_t
+	for i, x := range []struct {
+		n    int
+		name string
+	}{{a.Layer, "Layer"}, {len(a.SeqLens), "len(SeqLens)"}, {a.SlidingWindow, "SlidingWindow"},
+		{a.BlockTableWidth, "BlockTableWidth"}} {
+		n, err := toInt32(x.n, x.name)
+		if err != nil {
+			return err
+		}
+		v[i] = n
+	}
+	heads := d.config.NumQueryHeads
+	dense := heads * d.cache.info.HeadSize
+	qStride := a.QTokenStride
+	if qStride == 0 {
+		qStride = dense
+	}
+	tStride := a.BlockTableStride
+	if tStride == 0 {
+		tStride = a.BlockTableWidth
+	}
+	if qStride < dense {
+		return invalidArg("QTokenStride = %d, must be 0 or >= NumQueryHeads * HeadSize = %d", a.QTokenStride, dense)
+	}
+	if tStride < a.BlockTableWidth {
+		return invalidArg("BlockTableStride = %d, must be 0 or >= BlockTableWidth = %d", a.BlockTableStride, a.BlockTableWidth)
+	}
+	n := len(a.SeqLens)
+	rows := 0
+	if n > 0 {
+		if len(a.QueryStarts) < n+1 {
+			return invalidArg("QueryStarts has %d elements, needs len(SeqLens) + 1 = %d", len(a.QueryStarts), n+1)
+		}
+		if need := (n-1)*tStride + a.BlockTableWidth; len(a.BlockTable) < need {
+			return invalidArg("BlockTable has %d elements, needs %d for %d sequences", len(a.BlockTable), need, n)
+		}
+		// A negative total is left to the library, which names it.
+		if last := int(a.QueryStarts[n]); last > 0 {
+			rows = last
+		}
+	}
+	if rows > 0 {
+		for _, x := range []struct {
+			name       string
+			have, need int
+		}{{"Q", qn, (rows-1)*qStride + dense}, {"Out", on, rows * dense}} {
+			if x.have < x.need {
+				return invalidArg("%s has %d elements, needs %d for QueryStarts[%d] = %d query tokens",
+					x.name, x.have, x.need, n, rows)
+			}
+		}
+		if a.LSE != nil && len(a.LSE) < rows*heads {
+			return invalidArg("LSE has %d elements, needs %d", len(a.LSE), rows*heads)
+		}
+	}
+	if a.ALiBiSlopes != nil && len(a.ALiBiSlopes) < heads {
+		return invalidArg("ALiBiSlopes has %d values, needs NumQueryHeads = %d", len(a.ALiBiSlopes), heads)
+	}
+	var sp, tp, lp *C.int32_t
+	var ap, lsep *C.float
+	if len(a.QueryStarts) > 0 {
+		sp = (*C.int32_t)(unsafe.Pointer(&a.QueryStarts[0]))
+	}
+	if len(a.BlockTable) > 0 {
+		tp = (*C.int32_t)(unsafe.Pointer(&a.BlockTable[0]))
+	}
+	if len(a.SeqLens) > 0 {
+		lp = (*C.int32_t)(unsafe.Pointer(&a.SeqLens[0]))
+	}
+	if len(a.ALiBiSlopes) > 0 {
+		ap = (*C.float)(unsafe.Pointer(&a.ALiBiSlopes[0]))
+	}
+	if len(a.LSE) > 0 {
+		lsep = (*C.float)(unsafe.Pointer(&a.LSE[0]))
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ptr == nil {
+		return invalidArg("decoder is closed")
+	}
+	// The CPU backend checks QueryStarts (so that no token past
+	// QueryStarts[len(SeqLens)] is read or written), every length and every
+	// block id on the host before it touches memory.
+	err = takeError(C.kvpgo_attend(d.ptr, v[0], v[1], v[2], C.float(a.SMScale), C.float(a.LogitsSoftCap),
+		sp, qp, C.int64_t(qStride), tp, C.int64_t(tStride), v[3], lp, ap, op, 0, lsep, 0))
+	runtime.KeepAlive(d)
+	runtime.KeepAlive(a.Q)
+	runtime.KeepAlive(a.Out)
+	runtime.KeepAlive(a.QueryStarts)
+	runtime.KeepAlive(a.BlockTable)
+	runtime.KeepAlive(a.SeqLens)
+	runtime.KeepAlive(a.ALiBiSlopes)
+	runtime.KeepAlive(a.LSE)
+	return err
+}
+
+// AttendRaw is kvp_attend with addresses in the cache's memory space, for
+// CUDA caches: it launches on stream without allocating or synchronizing.
+// The caller answers for the addresses: they must cover what the header's
+// definition reads and writes until the call has run, with QueryStarts
+// from 0, non-decreasing and within the capacity, block ids below
+// NumBlocks and lengths within MaxContextLen and the table.
+func (d *Decoder) AttendRaw(a RawAttendArgs, stream uintptr) error {
+	var v [4]C.int32_t
+	for i, x := range []struct {
+		n    int
+		name string
+	}{{a.Layer, "Layer"}, {a.NumSeqs, "NumSeqs"}, {a.SlidingWindow, "SlidingWindow"},
+		{a.BlockTableWidth, "BlockTableWidth"}} {
+		n, err := toInt32(x.n, x.name)
+		if err != nil {
+			return err
+		}
+		v[i] = n
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.ptr == nil {
+		return invalidArg("decoder is closed")
+	}
+	err := takeError(C.kvpgo_attend_raw(d.ptr, v[0], v[1], v[2], C.float(a.SMScale),
+		C.float(a.LogitsSoftCap), C.uintptr_t(a.QueryStarts), C.uintptr_t(a.Q), C.int64_t(a.QTokenStride),
+		C.uintptr_t(a.BlockTable), C.int64_t(a.BlockTableStride), v[3], C.uintptr_t(a.SeqLens),
+		C.uintptr_t(a.ALiBiSlopes), C.uintptr_t(a.Out), C.int64_t(a.OutTokenStride), C.uintptr_t(a.LSE),
+		C.uintptr_t(stream)))
 	runtime.KeepAlive(d)
 	return err
 }

@@ -68,7 +68,7 @@ kvp_error* kvpgo_transfer_blocks(kvp_cache* dst, const kvp_cache* src, const int
 void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t max_num_seqs,
                          int32_t max_context_len, int32_t max_query_len, int32_t q_dtype,
                          int32_t out_dtype, uintptr_t workspace, uint64_t workspace_bytes,
-                         int32_t precise) {
+                         int32_t precise, int32_t max_query_tokens) {
   kvp_decode_config_init(c);
   c->num_query_heads = num_query_heads;
   c->max_num_seqs = max_num_seqs;
@@ -79,6 +79,7 @@ void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t 
   c->workspace = (void*)workspace;
   c->workspace_bytes = workspace_bytes;
   c->precise = precise;
+  c->max_query_tokens = max_query_tokens;
 }
 
 kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs, int32_t query_len,
@@ -120,6 +121,48 @@ kvp_error* kvpgo_decode_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seq
                       block_table_stride, block_table_width, (const int32_t*)seq_lens,
                       (const float*)alibi_slopes, (void*)out, out_token_stride, (float*)lse,
                       stream);
+}
+
+kvp_error* kvpgo_attend(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
+                        int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                        const int32_t* query_starts, const void* q, int64_t q_token_stride,
+                        const int32_t* block_table, int64_t block_table_stride,
+                        int32_t block_table_width, const int32_t* seq_lens,
+                        const float* alibi_slopes, void* out, int64_t out_token_stride, float* lse,
+                        uintptr_t stream) {
+  kvp_attend_args a;
+  kvp_attend_args_init(&a);
+  a.layer = layer;
+  a.num_seqs = num_seqs;
+  a.sliding_window = sliding_window;
+  a.sm_scale = sm_scale;
+  a.logits_soft_cap = logits_soft_cap;
+  a.query_starts = query_starts;
+  a.q = q;
+  a.q_token_stride = q_token_stride;
+  a.block_table = block_table;
+  a.block_table_stride = block_table_stride;
+  a.block_table_width = block_table_width;
+  a.seq_lens = seq_lens;
+  a.alibi_slopes = alibi_slopes;
+  a.out = out;
+  a.out_token_stride = out_token_stride;
+  a.lse = lse;
+  return kvp_attend(decoder, &a, (void*)stream);
+}
+
+kvp_error* kvpgo_attend_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
+                            int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                            uintptr_t query_starts, uintptr_t q, int64_t q_token_stride,
+                            uintptr_t block_table, int64_t block_table_stride,
+                            int32_t block_table_width, uintptr_t seq_lens, uintptr_t alibi_slopes,
+                            uintptr_t out, int64_t out_token_stride, uintptr_t lse,
+                            uintptr_t stream) {
+  return kvpgo_attend(decoder, layer, num_seqs, sliding_window, sm_scale, logits_soft_cap,
+                      (const int32_t*)query_starts, (const void*)q, q_token_stride,
+                      (const int32_t*)block_table, block_table_stride, block_table_width,
+                      (const int32_t*)seq_lens, (const float*)alibi_slopes, (void*)out,
+                      out_token_stride, (float*)lse, stream);
 }
 
 void kvpgo_read_host(void* dst, uintptr_t src, size_t n) { memcpy(dst, (const void*)src, n); }

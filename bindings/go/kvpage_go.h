@@ -1,6 +1,7 @@
 /* C helpers of the Go binding. cgo forbids passing Go memory that holds Go
  * pointers, so the argument structs that point to Go slices
- * (kvp_cache_config, kvp_write_args, kvp_decode_config, kvp_decode_args) are
+ * (kvp_cache_config, kvp_write_args, kvp_decode_config, kvp_decode_args,
+ * kvp_attend_args) are
  * filled here, on the C side, from plain arguments. Device pointers and
  * streams arrive as uintptr_t. Only the public header is used. */
 #ifndef KVPAGE_GO_H_
@@ -39,7 +40,7 @@ kvp_error* kvpgo_transfer_blocks(kvp_cache* dst, const kvp_cache* src, const int
 void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t max_num_seqs,
                          int32_t max_context_len, int32_t max_query_len, int32_t q_dtype,
                          int32_t out_dtype, uintptr_t workspace, uint64_t workspace_bytes,
-                         int32_t precise);
+                         int32_t precise, int32_t max_query_tokens);
 
 kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs, int32_t query_len,
                         int32_t sliding_window, float sm_scale, float logits_soft_cap,
@@ -51,6 +52,22 @@ kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs, i
 kvp_error* kvpgo_decode_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
                             int32_t query_len, int32_t sliding_window, float sm_scale,
                             float logits_soft_cap, uintptr_t q, int64_t q_token_stride,
+                            uintptr_t block_table, int64_t block_table_stride,
+                            int32_t block_table_width, uintptr_t seq_lens, uintptr_t alibi_slopes,
+                            uintptr_t out, int64_t out_token_stride, uintptr_t lse,
+                            uintptr_t stream);
+
+kvp_error* kvpgo_attend(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
+                        int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                        const int32_t* query_starts, const void* q, int64_t q_token_stride,
+                        const int32_t* block_table, int64_t block_table_stride,
+                        int32_t block_table_width, const int32_t* seq_lens,
+                        const float* alibi_slopes, void* out, int64_t out_token_stride, float* lse,
+                        uintptr_t stream);
+
+kvp_error* kvpgo_attend_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
+                            int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                            uintptr_t query_starts, uintptr_t q, int64_t q_token_stride,
                             uintptr_t block_table, int64_t block_table_stride,
                             int32_t block_table_width, uintptr_t seq_lens, uintptr_t alibi_slopes,
                             uintptr_t out, int64_t out_token_stride, uintptr_t lse,

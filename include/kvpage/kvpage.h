@@ -69,7 +69,7 @@ extern "C" {
  * major). Minor: entries appended to the function table or fields appended
  * to a struct. */
 #define KVP_ABI_MAJOR 1
-#define KVP_ABI_MINOR 2
+#define KVP_ABI_MINOR 3
 
 /* Struct sizes by ABI version, as PJRT_STRUCT_SIZE in OpenXLA's PJRT C API:
  * the bytes of `type` up to and including `last_field`. Each struct that
@@ -79,7 +79,8 @@ extern "C" {
  * field; the library accepts any struct_size at least the first one. A field
  * appended after the first release ends its line with a comment holding only
  * the ABI version that added it (`ABI 1.1`, as kvp_cache_config.checked
- * does); fields without that mark are ABI 1.0. */
+ * does); fields without that mark are ABI 1.0, or, in a struct first
+ * released later, of the version its struct_size line is marked with. */
 #define KVP_STRUCT_SIZE(type, last_field) \
   (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
@@ -475,9 +476,14 @@ typedef struct kvp_decode_config {
    *    FP16, FP32 sums; output <= 3e-3, LSE <= 1.5e-2.
    * A 16-bit output adds its own rounding (at most half an ulp). */
   int32_t precise; /* ABI 1.2 */
+  /* Query tokens of one kvp_attend call, all sequences together: the
+   * capacity kvp_attend's launches are shaped by. Default 0 = max_num_seqs
+   * * max_query_len (at most 2^31 - 1). */
+  int32_t max_query_tokens; /* ABI 1.3 */
 } kvp_decode_config;
 #define KVP_DECODE_CONFIG_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_decode_config, workspace_bytes)
 #define KVP_DECODE_CONFIG_STRUCT_SIZE_1_2 KVP_STRUCT_SIZE(kvp_decode_config, precise)
+#define KVP_DECODE_CONFIG_STRUCT_SIZE_1_3 KVP_STRUCT_SIZE(kvp_decode_config, max_query_tokens)
 
 KVP_EXPORT void kvp_decode_config_init(kvp_decode_config* config);
 KVP_EXPORT kvp_error* kvp_decode_workspace_size(const kvp_cache* cache,
@@ -522,6 +528,73 @@ KVP_EXPORT void kvp_decode_args_init(kvp_decode_args* args);
  * out and lse, which may then be NULL. */
 KVP_EXPORT kvp_error* kvp_decode(kvp_decoder* decoder,
                                  const kvp_decode_args* args, void* stream);
+
+/* ------------------------------------------------------------------------ */
+/* Attention over query chunks (varlen)                                      */
+/* ------------------------------------------------------------------------ */
+
+/* kvp_attend: one call over a batch whose sequences each bring their own
+ * number of query tokens (chunked prefill, prefix-cache hits, speculative
+ * verification, and batches that mix them with decoding sequences), on a
+ * kvp_decoder. Sequence s owns query tokens query_starts[s] ..
+ * query_starts[s + 1] - 1 (FlashAttention's cu_seqlens_q); its n_s =
+ * query_starts[s + 1] - query_starts[s] tokens are the last n_s of its
+ * context of seq_lens[s] tokens, which the engine has already written with
+ * kvp_cache_write. Token i of the chunk sits at position
+ *   p = seq_lens[s] - n_s + i
+ * and attends as kvp_decode's query token at p does (causal, aligned to the
+ * end of the context; ALiBi, sliding window, soft-cap, key smoothing alike).
+ * A sequence with n_s = 0 costs nothing and writes nothing; one with
+ * seq_lens[s] = 0 < n_s is an error (n_s <= seq_lens[s] is required).
+ *
+ * Capacities come from the decoder (max_num_seqs, max_context_len,
+ * max_query_tokens): one CUDA graph captured once serves every mix of
+ * lengths within them, with no host work per batch; query_starts,
+ * seq_lens and the block table are read from memory when the kernels run.
+ * Precision (docs/ACCURACY.md): the CUDA kernels multiply on tensor cores
+ * with q rounded to K's 16-bit type and the softmax weights to V's (BF16
+ * for BF16 caches, FP16 otherwise) and sum in FP32, as FlashAttention
+ * does; a precise decoder computes in FP32 from end to end. */
+typedef struct kvp_attend_args {
+  size_t struct_size; /* ABI 1.3 */
+  int32_t layer;
+  int32_t num_seqs;       /* <= max_num_seqs */
+  int32_t sliding_window; /* tokens attended per query, 0 = all; default 0 */
+  float sm_scale;         /* 0 = 1/sqrt(head_size); default 0 */
+  float logits_soft_cap;  /* 0 = off; default 0 */
+  int32_t reserved0;      /* must be 0 */
+  /* int32 [num_seqs + 1], non-decreasing from query_starts[0] = 0 to at
+   * most max_query_tokens; in the cache's memory space. */
+  const int32_t* query_starts;
+  /* q[t * q_token_stride + h * head_size + d], t < query_starts[num_seqs] */
+  const void* q;
+  int64_t q_token_stride;   /* elements; 0 = num_query_heads * head_size */
+  /* block_table[s * block_table_stride + j], int32, j < block_table_width */
+  const int32_t* block_table;
+  int64_t block_table_stride; /* elements; 0 = block_table_width */
+  int32_t block_table_width;
+  int32_t reserved1;          /* must be 0 */
+  const int32_t* seq_lens;    /* [num_seqs], context lengths, new tokens included */
+  const float* alibi_slopes;  /* [num_query_heads] or NULL */
+  /* out[t * out_token_stride + h * head_size + d] */
+  void* out;
+  int64_t out_token_stride; /* elements; 0 = num_query_heads * head_size */
+  float* lse;  /* [query token t][num_query_heads] FP32, or NULL */
+} kvp_attend_args;
+#define KVP_ATTEND_ARGS_STRUCT_SIZE_1_3 KVP_STRUCT_SIZE(kvp_attend_args, lse)
+
+KVP_EXPORT void kvp_attend_args_init(kvp_attend_args* args);
+/* Launches on `stream` without allocating or synchronizing, as kvp_decode;
+ * runs at once on the CPU backend. num_seqs = 0 is a no-op that succeeds
+ * once every other argument checks out (query_starts, q, block_table,
+ * seq_lens, out and lse may then be NULL). Lengths and offsets that live in
+ * device memory are checked on the host by the CPU backend and, in checked
+ * mode (kvp_cache_config.checked), on the device by the CUDA backend, which
+ * reports them at the next call; without it a bad value reads and writes
+ * nothing outside the cache, the table, q, out and lse, but its rows'
+ * results are undefined. */
+KVP_EXPORT kvp_error* kvp_attend(kvp_decoder* decoder,
+                                 const kvp_attend_args* args, void* stream);
 
 /* ------------------------------------------------------------------------ */
 /* Function table for dlopen users: resolve kvp_get_api alone.               */
@@ -574,8 +647,11 @@ typedef struct kvp_api {
   void (*decoder_destroy)(kvp_decoder*);
   void (*decode_args_init)(kvp_decode_args*);
   kvp_error* (*decode)(kvp_decoder*, const kvp_decode_args*, void*);
+  void (*attend_args_init)(kvp_attend_args*);                      /* ABI 1.3 */
+  kvp_error* (*attend)(kvp_decoder*, const kvp_attend_args*, void*); /* ABI 1.3 */
 } kvp_api;
 #define KVP_API_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_api, decode)
+#define KVP_API_STRUCT_SIZE_1_3 KVP_STRUCT_SIZE(kvp_api, attend)
 
 /* The function table of ABI major `abi_major`, or NULL if this library does
  * not provide it. Check table->abi_minor (or struct_size) before using

@@ -5,11 +5,14 @@
 // wait for that kernel (all of it, its stores visible) before its first
 // global memory access, and it lets its own dependent be scheduled with
 // AllowDependentGrid once nothing of its own is left to schedule behind it.
+// With the launch helpers every kernel family uses (LaunchKernel,
+// EnsureDynamicSmem).
 #ifndef KVPAGE_KERNELS_COMMON_GRID_DEPENDENCY_CUH_
 #define KVPAGE_KERNELS_COMMON_GRID_DEPENDENCY_CUH_
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <utility>
 
@@ -53,6 +56,28 @@ inline int LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   const cudaError_t last = cudaGetLastError();
   return err != cudaSuccess ? err : last;
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` when it exceeds
+// the default 48 KiB: once per (kernel, device, size increase), a host-side
+// attribute set, no synchronization.
+inline int EnsureDynamicSmem(const void* kernel, size_t bytes, std::atomic<size_t>* configured,
+                             int max_devices) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  std::atomic<size_t>* slot = dev < max_devices ? &configured[dev] : nullptr;
+  if (slot != nullptr && slot->load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes));
+  if (err != cudaSuccess) return err;
+  if (slot != nullptr) {
+    size_t cur = slot->load(std::memory_order_relaxed);
+    while (cur < bytes && !slot->compare_exchange_weak(cur, bytes)) {
+    }
+  }
+  return cudaSuccess;
 }
 
 }  // namespace kernels

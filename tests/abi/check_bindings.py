@@ -10,7 +10,8 @@ from, or differs in, what it checks:
           reading against the C compiler
   capi    capi/: every KVP_<NAME>_STRUCT_SIZE_* pinned by a static_assert in
           capi/struct_io.h with the value read here, FirstReleasedSize<> of
-          every extensible struct from its _1_0 macro, every enum constant
+          every extensible struct from the size macro of the version that
+          first released it (_1_0 for most), every enum constant
           tied to the core's enums in capi/abi_checks.h, every error code
           named by kvp_error_code_name, kvp_get_api's table initialized in
           the header's member order
@@ -25,7 +26,7 @@ from, or differs in, what it checks:
   python  bindings/python/kvpage/_lib.py: a ctypes Structure per struct with
           the same fields, in order, of compatible ctypes types; the
           function table's prototypes; enum members and values; ABI version
-          and first released sizes
+          and first released sizes (FIRST_RELEASED_SIZES)
 
 What a binding leaves out on purpose is listed below with the reason
 (GO_NOT_MAPPED, ...); anything else missing fails. After the check, each
@@ -67,6 +68,12 @@ def check_header(header_text, header_path=None, cc=None):
     return problems
 
 
+def _first_release(struct):
+    """The ABI version (major, minor) that first released a struct: its first
+    field's (a struct first released after 1.0 marks its first field)."""
+    return tuple(struct["fields"][0]["abi"])
+
+
 # ---------------------------------------------------------------------------
 # capi
 # ---------------------------------------------------------------------------
@@ -85,7 +92,7 @@ def check_capi(h, struct_io, abi_checks, capi_cc):
         st = h["structs"][name]
         if not (st["extensible"] or name == "kvp_api"):
             continue
-        macro = header_abi.struct_size_macro(name, 1, 0)
+        macro = header_abi.struct_size_macro(name, *_first_release(st))
         pat = r"FirstReleasedSize<%s>\(\)\s*\{\s*return\s+%s\s*;" % (name, macro)
         if not re.search(pat, struct_io):
             problems.append("capi/struct_io.h: FirstReleasedSize<%s>() must return %s"
@@ -217,6 +224,7 @@ GO_MIRRORS = {
     "kvp_write_args": "RawWriteArgs",
     "kvp_decode_config": "DecodeConfig",
     "kvp_decode_args": "RawDecodeArgs",
+    "kvp_attend_args": "RawAttendArgs",
 }
 GO_NOT_MAPPED_STRUCTS = {
     "kvp_allocator": "the Go binding offers no engine allocator: a C callback "
@@ -564,7 +572,8 @@ def check_python(h, lib_py_path):
             problems.append("%s is %d in kvpage.h; %s.%s ends at %d in %s"
                             % (name, info["value"], cls.__name__, info["last_field"],
                                fld.offset + fld.size, b))
-        if info["abi"] == [1, 0] and sizes.get(cls) != info["value"]:
+        first = _first_release(h["structs"][info["struct"]])
+        if tuple(info["abi"]) == first and sizes.get(cls) != info["value"]:
             problems.append("FIRST_RELEASED_SIZES[%s] is %r in %s, %s = %d"
                             % (cls.__name__, sizes.get(cls), b, name, info["value"]))
     return problems
@@ -608,8 +617,10 @@ def self_test(target, root, header_text):
         t = _replace_once(header_text, "int32_t checked; /* ABI 1.1 */", "int32_t checked;")
         _expect("header: the ABI 1.1 mark removed", check_header(t),
                 "KVP_CACHE_CONFIG_STRUCT_SIZE_1_0", "last field")
-        t = _replace_once(header_text, "  float* lse;",
-                          "  float* lse;\n  int32_t appended; /* ABI 1.3 */\n")
+        past = "ABI %d.%d" % (h["macros"]["KVP_ABI_MAJOR"]["value"],
+                              h["macros"]["KVP_ABI_MINOR"]["value"] + 1)
+        t = _replace_once(header_text, "  int32_t checked; /* ABI 1.1 */",
+                          "  int32_t checked; /* ABI 1.1 */\n  int32_t appended; /* %s */" % past)
         _expect("header: a field marked past the ABI", check_header(t), "appended", "past")
         t = _replace_once(header_text, "KVP_EXPORT const kvp_api* kvp_get_api",
                           "KVP_EXPORT void kvp_new_function(void);\n"
@@ -625,6 +636,10 @@ def self_test(target, root, header_text):
         _expect("capi: a table entry removed",
                 check_capi(h, sio, chk, _delete_line(cc, "      kvp_seq_truncate,")),
                 "seq_truncate")
+        _expect("capi: a struct first released in 1.3 held to its 1.0 size",
+                check_capi(h, _replace_once(sio, "return KVP_ATTEND_ARGS_STRUCT_SIZE_1_3;",
+                                            "return KVP_ATTEND_ARGS_STRUCT_SIZE_1_0;"), chk, cc),
+                "FirstReleasedSize<kvp_attend_args>", "KVP_ATTEND_ARGS_STRUCT_SIZE_1_3")
     elif target == "rust":
         src = _read(root, "bindings/rust/kvpage-sys/src/lib.rs")
         _expect("rust: kvp_cache_config.checked removed",
@@ -671,6 +686,9 @@ def self_test(target, root, header_text):
                     "seq_truncate", "argument 2")
             _expect("python: an enum member removed",
                     run(_delete_line(src, "    INT4 = 5")), "KVP_DTYPE_INT4")
+            _expect("python: the first released size of a struct of ABI 1.3 removed",
+                    run(_delete_line(src, "    AttendArgs: 120,")),
+                    "FIRST_RELEASED_SIZES[AttendArgs]", "KVP_ATTEND_ARGS_STRUCT_SIZE_1_3")
 
 
 def _read(root, rel):
@@ -725,9 +743,9 @@ def main(argv):
             else:
                 cc = args[i + 1]
             del args[i:i + 2]
-    if not args:
+    if not args or args[0] in ("-h", "--help"):
         print(__doc__)
-        return 2
+        return 0 if args else 2
     if args == ["all"]:
         args = ["header", "capi", "rust", "go", "python"]
     ok = True

@@ -29,7 +29,8 @@ Extracted (`read_header`):
 
 Field ABI minors: a field appended after a struct's first release ends its
 line with a comment holding only its version (`int32_t checked; /* ABI 1.1
-*/`); unmarked fields are ABI 1.0.
+*/`); unmarked fields are ABI 1.0, or, in a struct first released later,
+whose first field carries that release's mark, of that release.
 
 Command line:
   header_abi.py HEADER               prints the extraction as JSON
@@ -239,15 +240,18 @@ def _read_struct(h, tag, body, name, raw):
     if tag != name:
         raise HeaderError("struct %s declared as %s" % (tag, name))
     fields, offset, align = [], 0, 1
+    base = (1, 0)  # a struct first released after 1.0 marks its first field
     for decl in _split_top(body, ";"):
         decl = decl.strip()
         if not decl:
             continue
-        minor = (1, 0)
+        minor = base
         mm = re.search(r"\s*@ABI(\d+)\.(\d+)@\s*$", decl)
         if mm:
             minor = (int(mm.group(1)), int(mm.group(2)))
             decl = decl[:mm.start()]
+            if not fields:
+                base = minor
         fname, ftype, fn = _field(decl)
         size, falign = _size_align(ftype, h["structs"])
         offset = (offset + falign - 1) // falign * falign

@@ -90,16 +90,19 @@ void ReferenceDecode(const DequantizedLayer& L, const DecodeProblem& p, std::vec
   const int D = p.head_size;
   const int group = p.num_q_heads / L.num_kv_heads();
   const double scale = p.sm_scale != 0 ? p.sm_scale : 1.0 / std::sqrt(double(D));
-  out->assign(size_t(p.num_seqs) * p.query_len * p.num_q_heads * D, 0.0);
-  lse->assign(size_t(p.num_seqs) * p.query_len * p.num_q_heads,
-              -std::numeric_limits<double>::infinity());
+  const bool varlen = !p.query_starts.empty();
+  const int64_t tokens = varlen ? p.query_starts[p.num_seqs] : int64_t(p.num_seqs) * p.query_len;
+  out->assign(size_t(tokens) * p.num_q_heads * D, 0.0);
+  lse->assign(size_t(tokens) * p.num_q_heads, -std::numeric_limits<double>::infinity());
   for (int s = 0; s < p.num_seqs; ++s) {
     const int len = p.seq_lens[s];
-    for (int i = 0; i < p.query_len; ++i) {
+    const int64_t first = varlen ? p.query_starts[s] : int64_t(s) * p.query_len;
+    const int count = varlen ? p.query_starts[s + 1] - p.query_starts[s] : p.query_len;
+    for (int i = 0; i < count; ++i) {
       for (int h = 0; h < p.num_q_heads; ++h) {
         const int kvh = h / group;
-        const int64_t row = (int64_t(s) * p.query_len + i) * p.num_q_heads + h;
-        const int pos = len - p.query_len + i;
+        const int64_t row = (first + i) * p.num_q_heads + h;
+        const int pos = len - count + i;
         // Logits of every token of the sequence, -inf where masked.
         std::vector<double> logit(len, -std::numeric_limits<double>::infinity());
         for (int j = 0; j < len; ++j) {

@@ -34,10 +34,14 @@ class DequantizedLayer {
 struct DecodeProblem {
   int32_t num_seqs = 0;
   int32_t query_len = 1;
+  // kvp_attend: sequence s owns query tokens query_starts[s] ..
+  // query_starts[s + 1] - 1 (query_len unused); empty = kvp_decode's
+  // query_len tokens each.
+  std::vector<int32_t> query_starts;
   int32_t num_q_heads = 0;
   int32_t head_size = 0;
   int32_t q_dtype = KVP_DTYPE_FP32;
-  std::vector<uint8_t> q;            // [seq][i][head][d] in q_dtype, dense
+  std::vector<uint8_t> q;            // [token][head][d] in q_dtype, dense
   std::vector<int32_t> block_table;  // [seq][width]
   int32_t block_table_width = 0;
   std::vector<int32_t> seq_lens;
@@ -48,8 +52,9 @@ struct DecodeProblem {
   float logits_soft_cap = 0;
 };
 
-// out: [seq][i][head][d]; lse: [seq][i][head]. Computed in double with the
-// definition of kvp_decode, masking explicitly over every table slot.
+// out: [token][head][d]; lse: [token][head]. Computed in double with the
+// definition of kvp_decode / kvp_attend, masking explicitly over every
+// table slot.
 void ReferenceDecode(const DequantizedLayer& layer, const DecodeProblem& p,
                      std::vector<double>* out, std::vector<double>* lse);
 

@@ -353,3 +353,78 @@ TEST(DecodeKernelTraits, WhereEachKernelExists) {
 
 }  // namespace
 }  // namespace kvpage
+
+namespace kvpage {
+namespace {
+
+CacheGeometry AttendGeometry(DType k, DType v, int head_size, int kv_heads) {
+  CacheGeometry g;
+  g.num_layers = 1;
+  g.num_blocks = 1024;
+  g.block_size = 16;
+  g.num_kv_heads = kv_heads;
+  g.head_size = head_size;
+  g.k_dtype = k;
+  g.v_dtype = v;
+  return g;
+}
+
+// kvp_attend's plan: the tile per head size, the work-item bound of a batch
+// at capacity, the split-KV target from the SMs, and the tuning's switch.
+TEST(AttendPlan, PinnedForTheH100) {
+  DecodeCapacity cap;
+  cap.num_q_heads = 32;
+  cap.max_num_seqs = 256;
+  cap.max_context_len = 32768;
+  cap.max_query_tokens = 8192;
+  const AttendPlan p = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, DecodeTuning{});
+  EXPECT_EQ(p.tile_rows, 128);
+  EXPECT_EQ(p.tile_tokens, 32);
+  EXPECT_EQ(p.threads, 128);
+  // 8192 tokens x 4 heads of a group / 128 rows, plus one partial tile for
+  // each of 256 sequences.
+  EXPECT_EQ(p.max_tiles, 256 + 256);
+  EXPECT_EQ(p.split_items, 132 * 4 / 8);
+  EXPECT_EQ(p.max_items, 512);
+  EXPECT_EQ(p.min_split_tokens, 512);
+  DecodeTuning no_split;
+  no_split.attend_split = false;
+  const AttendPlan q = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, no_split);
+  EXPECT_EQ(q.split_items, 0);
+  EXPECT_EQ(q.max_items, q.max_tiles);
+  EXPECT_EQ(PlanAttendWorkspace(AttendGeometry(kBF16, kBF16, 128, 8), q).bytes,
+            256 + AlignUp(512 * int64_t{sizeof(AttendWorkItem)}, 256));
+  // MQA: the split target is per KV head.
+  EXPECT_EQ(
+      PlanAttend(AttendGeometry(kINT4, kINT4, 256, 1), cap, kH100, DecodeTuning{}).split_items,
+      528);
+  EXPECT_EQ(PlanAttend(AttendGeometry(kINT4, kINT4, 256, 1), cap, kH100, DecodeTuning{}).tile_rows,
+            64);
+}
+
+// Every head size of the manifest and every pair of K/V dtypes: the tile's
+// shared memory fits one block on the A100 (the smallest limit the library
+// targets), and two blocks share an H100 SM where the head size is <= 128.
+TEST(AttendPlan, SharedMemoryFitsEveryGeometry) {
+  for (int d : kManifestHeadSizes) {
+    for (DType k : kManifestKvDtypes) {
+      for (DType v : kManifestKvDtypes) {
+        DecodeCapacity cap;
+        cap.num_q_heads = 8;
+        cap.max_num_seqs = 4;
+        cap.max_context_len = 4096;
+        cap.max_query_tokens = 64;
+        const AttendPlan p = PlanAttend(AttendGeometry(k, v, d, 2), cap, kA100, DecodeTuning{});
+        SCOPED_TRACE(std::string(DTypeName(k)) + "/" + DTypeName(v) + " D=" + std::to_string(d));
+        EXPECT_LE(p.shared_bytes, kA100.max_shared_per_block);
+        if (d <= 128) {
+          EXPECT_LE(2 * (p.shared_bytes + kH100.reserved_shared_per_block), kH100.shared_per_sm);
+        }
+        EXPECT_EQ(p.tile_tokens % 32, 0);  // a multiple of every block size
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvpage

@@ -8,7 +8,7 @@ import threading
 import weakref
 
 from . import _arrays as A
-from ._lib import (CacheConfig, CacheInfo, DecodeArgs, DecodeConfig, DeviceKind, DType,
+from ._lib import (AttendArgs, CacheConfig, CacheInfo, DecodeArgs, DecodeConfig, DeviceKind, DType,
                    LayerLayout, WriteArgs, WriteStats, Allocator, ALLOC_FN, FREE_FN,
                    OutOfMemoryError, invalid, library)
 
@@ -553,7 +553,7 @@ class Cache(object):
     # -- decode ---------------------------------------------------------------
 
     def _decode_config(self, num_query_heads, max_num_seqs, max_context_len, max_query_len,
-                       q_dtype, out_dtype, precise=False):
+                       q_dtype, out_dtype, precise=False, max_query_tokens=0):
         c = DecodeConfig()
         self._lib.api.decode_config_init(ctypes.byref(c))
         c.num_query_heads = _i32(num_query_heads, "num_query_heads")
@@ -563,26 +563,30 @@ class Cache(object):
         c.q_dtype = int(as_dtype(q_dtype, "q_dtype"))
         c.out_dtype = int(as_dtype(out_dtype, "out_dtype"))
         c.precise = 1 if precise else 0
+        c.max_query_tokens = _i32(max_query_tokens, "max_query_tokens")
         return c
 
     def decode_workspace_size(self, num_query_heads, max_num_seqs, max_context_len,
                               max_query_len=1, q_dtype=DType.BF16, out_dtype=DType.BF16,
-                              precise=False):
+                              precise=False, max_query_tokens=0):
         """Bytes of the workspace a decoder of these capacities needs."""
         c = self._decode_config(num_query_heads, max_num_seqs, max_context_len, max_query_len,
-                                q_dtype, out_dtype, precise)
+                                q_dtype, out_dtype, precise, max_query_tokens)
         n = ctypes.c_uint64()
         self._lib.check(self._lib.api.decode_workspace_size(self._h(), ctypes.byref(c),
                                                             ctypes.byref(n)))
         return n.value
 
     def decoder(self, num_query_heads, max_num_seqs, max_context_len, max_query_len=1, *,
-                q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None, precise=False):
+                q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None, precise=False,
+                max_query_tokens=0):
         """A Decoder whose capacities fix the launch shape (graph-stable).
-        ``precise=True``: precise mode (kvp_decode_config.precise), see Decoder."""
+        ``precise=True``: precise mode (kvp_decode_config.precise), see Decoder.
+        ``max_query_tokens``: query tokens of one ``attend`` call, all
+        sequences together (0 = max_num_seqs * max_query_len)."""
         return Decoder(self, num_query_heads, max_num_seqs, max_context_len, max_query_len,
                        q_dtype=q_dtype, out_dtype=out_dtype, workspace=workspace,
-                       precise=precise)
+                       precise=precise, max_query_tokens=max_query_tokens)
 
 
 class _CudaMemory(object):
@@ -648,7 +652,8 @@ class Sequence(object):
 
 
 class Decoder(object):
-    """Decode attention over a cache (kvp_decoder). Call it, or ``decode()``.
+    """Decode attention over a cache (kvp_decoder). Call it, or ``decode()``;
+    ``attend()`` runs a batch of query chunks of varying lengths (kvp_attend).
 
     ``precise=True`` turns on precise mode (kvp_decode_config.precise): every
     decode of the decoder computes in FP32 from end to end, queries
@@ -658,10 +663,11 @@ class Decoder(object):
     either way."""
 
     def __init__(self, cache, num_query_heads, max_num_seqs, max_context_len, max_query_len=1, *,
-                 q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None, precise=False):
+                 q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None, precise=False,
+                 max_query_tokens=0):
         lib = cache._lib
         c = cache._decode_config(num_query_heads, max_num_seqs, max_context_len, max_query_len,
-                                 q_dtype, out_dtype, precise)
+                                 q_dtype, out_dtype, precise, max_query_tokens)
         keep = []
         if workspace is not None:
             w = A.adapt(workspace, "workspace", writable=True)
@@ -687,6 +693,8 @@ class Decoder(object):
         self.q_dtype = DType(c.q_dtype)
         self.out_dtype = DType(c.out_dtype)
         self.precise = bool(c.precise)
+        # The capacity of attend(): 0 stands for max_num_seqs * max_query_len.
+        self.max_query_tokens = c.max_query_tokens or c.max_num_seqs * c.max_query_len
         self.workspace = workspace
         # The finalizer holds the cache: a decoder never outlives it.
         self._finalizer = weakref.finalize(self, _destroy_decoder, lib.api, self._handle,
@@ -739,43 +747,8 @@ class Decoder(object):
         cache = self.cache
         h = self._h()
         cache._h()
-        lens = A.index_array(seq_lens, "seq_lens", A.I32, cache)
-        n_lens = A.vector(lens, "seq_lens")
-        if num_seqs is None:
-            if n_lens is None:
-                raise invalid("num_seqs is needed when seq_lens is a Ptr")
-            num_seqs = n_lens
-        elif n_lens is not None and n_lens < num_seqs:
-            raise invalid("seq_lens has %d elements, fewer than num_seqs = %d" % (n_lens, num_seqs))
-        num_seqs = _i32(num_seqs, "num_seqs")
-        table = A.index_array(block_table, "block_table", A.I32, cache)
-        if table.checked:
-            if len(table.shape) == 2:
-                rows, width = table.shape
-                if table.strides[1] != 1 and width > 1:
-                    raise invalid("block_table: rows must be contiguous (stride 1 along a row)")
-                tstride = table.strides[0] if rows > 1 else width
-                if block_table_width is not None:
-                    if block_table_width > width:
-                        raise invalid("block_table_width = %d exceeds the table's %d columns"
-                                      % (block_table_width, width))
-                    width = block_table_width
-                if rows < num_seqs:
-                    raise invalid("block_table has %d rows, fewer than num_seqs = %d"
-                                  % (rows, num_seqs))
-            else:
-                if block_table_width is None:
-                    raise invalid("block_table is flat: pass block_table_width")
-                width = int(block_table_width)
-                tstride = width
-                total = A.vector(table, "block_table")
-                if total < num_seqs * width:
-                    raise invalid("block_table has %d elements, fewer than num_seqs * width = %d"
-                                  % (total, num_seqs * width))
-        else:
-            if block_table_width is None:
-                raise invalid("block_table is a Ptr: pass block_table_width")
-            width, tstride = int(block_table_width), 0
+        lens, num_seqs = _seq_lens(seq_lens, num_seqs, cache)
+        table, width, tstride = _block_table(block_table, block_table_width, num_seqs, cache)
         tokens = num_seqs * int(query_len)
         row = self.num_query_heads * cache.head_size
         qa = A.adapt(q, "q")
@@ -806,13 +779,8 @@ class Decoder(object):
         args.block_table_width = _i32(width, "block_table_width")
         args.seq_lens = lens.ptr or None
         keep = [qa, oa, table, lens]
-        if alibi_slopes is not None:
-            if isinstance(alibi_slopes, (list, tuple)):
-                alibi_slopes = _float_array(alibi_slopes, cache)
-            al = A.adapt(alibi_slopes, "alibi_slopes")
-            A.check_tag(al, "alibi_slopes", (A.F32,))
-            A.check_device(al, "alibi_slopes", cache)
-            A.vector(al, "alibi_slopes", self.num_query_heads)
+        al = self._alibi(alibi_slopes)
+        if al is not None:
             args.alibi_slopes = al.ptr or None
             keep.append(al)
         args.out = oa.ptr or None
@@ -830,6 +798,106 @@ class Decoder(object):
 
     __call__ = decode
 
+    def attend(self, q, query_starts, block_table, seq_lens, *, out=None, layer=0,
+               num_seqs=None, block_table_width=None, sliding_window=0, sm_scale=0.0,
+               logits_soft_cap=0.0, alibi_slopes=None, lse=None, stream=None):
+        """Attention over query chunks of varying lengths (kvp_attend); returns
+        ``out``.
+
+        Sequence s owns query tokens query_starts[s] .. query_starts[s+1] - 1:
+        the last n_s = query_starts[s+1] - query_starts[s] tokens of its
+        context of seq_lens[s] tokens (already written), each attending
+        causally as decode's query token at that position does.
+
+        q, out: [tokens, num_query_heads, head_size] (or [tokens, H * D]; rows
+            may be strided) in q_dtype / out_dtype, row t for token t.
+            out=None allocates one of query_starts[num_seqs] rows (of q's rows
+            when query_starts is not host memory).
+        query_starts: int32 [num_seqs + 1], 0 first, non-decreasing, the last
+            at most the decoder's max_query_tokens.
+        block_table, seq_lens, num_seqs, alibi_slopes, stream: as decode().
+        lse: optional float32 [tokens * num_query_heads].
+        Everything is in the cache's memory space (lists are copied there)."""
+        cache = self.cache
+        h = self._h()
+        cache._h()
+        self._lib.require("attend", 3)
+        lens, num_seqs = _seq_lens(seq_lens, num_seqs, cache)
+        starts = A.index_array(query_starts, "query_starts", A.I32, cache)
+        n_starts = A.vector(starts, "query_starts")
+        if n_starts is not None and num_seqs > 0 and n_starts < num_seqs + 1:
+            raise invalid("query_starts has %d elements, needs num_seqs + 1 = %d"
+                          % (n_starts, num_seqs + 1))
+        # The token count, where query_starts is host memory the binding may read.
+        tokens = None
+        if num_seqs == 0:
+            tokens = 0
+        elif starts.checked and starts.device is not None and starts.device[0] == "cpu":
+            tokens = ctypes.c_int32.from_address(starts.ptr + 4 * num_seqs).value
+        table, width, tstride = _block_table(block_table, block_table_width, num_seqs, cache)
+        row = self.num_query_heads * cache.head_size
+        qa = A.adapt(q, "q")
+        A.resolve_float(qa, "q", self.q_dtype)
+        A.check_device(qa, "q", cache)
+        q_rows, qs = A.token_rows(qa, "q", row)
+        _check_rows("q", q_rows, tokens, num_seqs)
+        if out is None:
+            if not qa.checked:
+                raise invalid("out is needed when q is a Ptr")
+            n = tokens if tokens is not None else q_rows
+            out = A.new_like(q, (max(n, 0), self.num_query_heads, cache.head_size),
+                             A.DTYPE_TAG[self.out_dtype], cache)
+        oa = A.adapt(out, "out", writable=True)
+        A.resolve_float(oa, "out", self.out_dtype)
+        A.check_device(oa, "out", cache)
+        o_rows, os_ = A.token_rows(oa, "out", row)
+        _check_rows("out", o_rows, tokens, num_seqs)
+        args = AttendArgs()
+        self._lib.api.attend_args_init(ctypes.byref(args))
+        args.layer = _i32(layer, "layer")
+        args.num_seqs = num_seqs
+        args.sliding_window = _i32(sliding_window, "sliding_window")
+        args.sm_scale = float(sm_scale)
+        args.logits_soft_cap = float(logits_soft_cap)
+        args.query_starts = starts.ptr or None
+        args.q = qa.ptr or None
+        args.q_token_stride = qs if qs != row else 0
+        args.block_table = table.ptr or None
+        args.block_table_stride = tstride if tstride != width else 0
+        args.block_table_width = _i32(width, "block_table_width")
+        args.seq_lens = lens.ptr or None
+        keep = [qa, oa, table, lens, starts]
+        al = self._alibi(alibi_slopes)
+        if al is not None:
+            args.alibi_slopes = al.ptr or None
+            keep.append(al)
+        args.out = oa.ptr or None
+        args.out_token_stride = os_ if os_ != row else 0
+        if lse is not None:
+            la = A.adapt(lse, "lse", writable=True)
+            A.check_tag(la, "lse", (A.F32,))
+            A.check_device(la, "lse", cache)
+            n_lse = A.vector(la, "lse")
+            if n_lse is not None and tokens is not None and n_lse < tokens * self.num_query_heads:
+                raise invalid("lse has %d elements, needs query_starts[num_seqs] * "
+                              "num_query_heads = %d" % (n_lse, tokens * self.num_query_heads))
+            args.lse = la.ptr or None
+            keep.append(la)
+        st = A.stream_handle(stream, cache)
+        self._lib.check(self._lib.api.attend(h, ctypes.byref(args), st))
+        return out
+
+    def _alibi(self, alibi_slopes):
+        if alibi_slopes is None:
+            return None
+        if isinstance(alibi_slopes, (list, tuple)):
+            alibi_slopes = _float_array(alibi_slopes, self.cache)
+        al = A.adapt(alibi_slopes, "alibi_slopes")
+        A.check_tag(al, "alibi_slopes", (A.F32,))
+        A.check_device(al, "alibi_slopes", self.cache)
+        A.vector(al, "alibi_slopes", self.num_query_heads)
+        return al
+
 
 # ---------------------------------------------------------------------------
 # helpers
@@ -846,6 +914,59 @@ def _i32(v, name):
     if not -2 ** 31 <= iv < 2 ** 31:
         raise invalid("%s = %d does not fit in int32" % (name, iv))
     return iv
+
+
+def _seq_lens(seq_lens, num_seqs, cache):
+    """seq_lens as an int32 array, and num_seqs (default: its length)."""
+    lens = A.index_array(seq_lens, "seq_lens", A.I32, cache)
+    n_lens = A.vector(lens, "seq_lens")
+    if num_seqs is None:
+        if n_lens is None:
+            raise invalid("num_seqs is needed when seq_lens is a Ptr")
+        num_seqs = n_lens
+    elif n_lens is not None and n_lens < num_seqs:
+        raise invalid("seq_lens has %d elements, fewer than num_seqs = %d" % (n_lens, num_seqs))
+    return lens, _i32(num_seqs, "num_seqs")
+
+
+def _block_table(block_table, block_table_width, num_seqs, cache):
+    """The block table as an int32 array, its width and its row stride."""
+    table = A.index_array(block_table, "block_table", A.I32, cache)
+    if table.checked:
+        if len(table.shape) == 2:
+            rows, width = table.shape
+            if table.strides[1] != 1 and width > 1:
+                raise invalid("block_table: rows must be contiguous (stride 1 along a row)")
+            tstride = table.strides[0] if rows > 1 else width
+            if block_table_width is not None:
+                if block_table_width > width:
+                    raise invalid("block_table_width = %d exceeds the table's %d columns"
+                                  % (block_table_width, width))
+                width = block_table_width
+            if rows < num_seqs:
+                raise invalid("block_table has %d rows, fewer than num_seqs = %d"
+                              % (rows, num_seqs))
+        else:
+            if block_table_width is None:
+                raise invalid("block_table is flat: pass block_table_width")
+            width = int(block_table_width)
+            tstride = width
+            total = A.vector(table, "block_table")
+            if total < num_seqs * width:
+                raise invalid("block_table has %d elements, fewer than num_seqs * width = %d"
+                              % (total, num_seqs * width))
+    else:
+        if block_table_width is None:
+            raise invalid("block_table is a Ptr: pass block_table_width")
+        width, tstride = int(block_table_width), 0
+    return table, width, tstride
+
+
+def _check_rows(name, rows, tokens, num_seqs):
+    """An attend() operand must hold query_starts[num_seqs] token rows."""
+    if rows is not None and tokens is not None and rows < tokens:
+        raise invalid("%s has %d token rows, fewer than query_starts[%d] = %d"
+                      % (name, rows, num_seqs, tokens))
 
 
 def _sid(seq):

@@ -15,7 +15,7 @@ import os
 import threading
 
 ABI_MAJOR = 1
-ABI_MINOR = 2
+ABI_MINOR = 3
 
 # ---------------------------------------------------------------------------
 # Enums (stable numbers: kvpage.h)
@@ -253,6 +253,7 @@ class DecodeConfig(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_uint64),
         ("precise", ctypes.c_int32),  # ABI 1.2
+        ("max_query_tokens", ctypes.c_int32),  # ABI 1.3
     ]
 
 
@@ -279,6 +280,32 @@ class DecodeArgs(ctypes.Structure):
     ]
 
 
+class AttendArgs(ctypes.Structure):
+    """kvp_attend_args, first released in ABI 1.3."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("layer", ctypes.c_int32),
+        ("num_seqs", ctypes.c_int32),
+        ("sliding_window", ctypes.c_int32),
+        ("sm_scale", ctypes.c_float),
+        ("logits_soft_cap", ctypes.c_float),
+        ("reserved0", ctypes.c_int32),
+        ("query_starts", ctypes.c_void_p),
+        ("q", ctypes.c_void_p),
+        ("q_token_stride", ctypes.c_int64),
+        ("block_table", ctypes.c_void_p),
+        ("block_table_stride", ctypes.c_int64),
+        ("block_table_width", ctypes.c_int32),
+        ("reserved1", ctypes.c_int32),
+        ("seq_lens", ctypes.c_void_p),
+        ("alibi_slopes", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("out_token_stride", ctypes.c_int64),
+        ("lse", ctypes.c_void_p),
+    ]
+
+
 def _fn(restype, *argtypes):
     return ctypes.CFUNCTYPE(restype, *argtypes)
 
@@ -288,7 +315,8 @@ _i32, _i64, _u32, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.
 
 
 class Api(ctypes.Structure):
-    """kvp_api, ABI 1.0: append-only table of function pointers."""
+    """kvp_api: append-only table of function pointers (entries of later
+    minors say so; a library's table may end before them, see struct_size)."""
 
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
@@ -332,10 +360,13 @@ class Api(ctypes.Structure):
         ("decoder_destroy", _fn(None, c_handle)),
         ("decode_args_init", _fn(None, _P(DecodeArgs))),
         ("decode", _fn(c_error_p, c_handle, _P(DecodeArgs), _vp)),
+        ("attend_args_init", _fn(None, _P(AttendArgs))),  # ABI 1.3
+        ("attend", _fn(c_error_p, c_handle, _P(AttendArgs), _vp)),  # ABI 1.3
     ]
 
 
-# First released sizes: the header's KVP_<NAME>_STRUCT_SIZE_1_0.
+# First released sizes: the header's KVP_<NAME>_STRUCT_SIZE_<major>_<minor>
+# of the version that first released each struct (1.0 but for AttendArgs).
 FIRST_RELEASED_SIZES = {
     Allocator: 32,
     CacheConfig: 64,
@@ -345,6 +376,7 @@ FIRST_RELEASED_SIZES = {
     WriteStats: 24,
     DecodeConfig: 48,
     DecodeArgs: 112,
+    AttendArgs: 120,
     Api: 312,
 }
 
@@ -411,12 +443,25 @@ class Library(object):
         if table.abi_major != abi_major:
             raise LibraryError("%s: kvp_get_api(%d) returned a table of ABI major %d"
                                % (self.path, abi_major, table.abi_major))
-        if table.struct_size < ctypes.sizeof(Api):
+        if table.struct_size < FIRST_RELEASED_SIZES[Api]:
             raise LibraryError(
-                "%s: function table of %d bytes, this binding needs ABI %d.%d (%d bytes)"
-                % (self.path, table.struct_size, ABI_MAJOR, ABI_MINOR, ctypes.sizeof(Api)))
+                "%s: function table of %d bytes, smaller than ABI %d.0's (%d bytes)"
+                % (self.path, table.struct_size, abi_major, FIRST_RELEASED_SIZES[Api]))
         self.api = table
         self.abi = (int(table.abi_major), int(table.abi_minor))
+
+    def has(self, entry):
+        """Whether the library's table holds ``entry`` (a library of an older
+        ABI minor lacks the entries appended after it)."""
+        f = getattr(Api, entry)
+        return f.offset + f.size <= self.api.struct_size
+
+    def require(self, entry, minor):
+        """Raises UnsupportedError unless the table holds ``entry`` (ABI 1.minor)."""
+        if not self.has(entry):
+            raise UnsupportedError(
+                ErrorCode.UNSUPPORTED, "kvp_%s needs ABI %d.%d; %s has ABI %d.%d"
+                % (entry, ABI_MAJOR, minor, self.path, self.abi[0], self.abi[1]))
 
     # -- errors --------------------------------------------------------------
 

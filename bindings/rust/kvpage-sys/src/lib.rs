@@ -50,12 +50,12 @@ pub const KVP_VERSION_STRING: &str = "0.1.0";
 /// ABI version of the header these declarations match. Major: something
 /// removed or reordered; minor: entries or fields appended.
 pub const KVP_ABI_MAJOR: u32 = 1;
-pub const KVP_ABI_MINOR: u32 = 2;
+pub const KVP_ABI_MINOR: u32 = 3;
 
 // ---------------------------------------------------------------------------
 // Struct sizes by ABI version (the header's KVP_<NAME>_STRUCT_SIZE_<major>_<minor>,
 // `KVP_STRUCT_SIZE(type, last_field)`: the bytes through that version's last
-// field). A `struct_size` of at least the `_1_0` size is accepted. The
+// field). A `struct_size` of at least the first released size is accepted. The
 // values are LP64's; `tests/layout.rs` checks each against the header.
 // ---------------------------------------------------------------------------
 
@@ -77,10 +77,16 @@ pub const KVP_WRITE_STATS_STRUCT_SIZE_1_0: usize = 24;
 pub const KVP_DECODE_CONFIG_STRUCT_SIZE_1_0: usize = 48;
 /// [`kvp_decode_config`] through `precise` (ABI 1.2).
 pub const KVP_DECODE_CONFIG_STRUCT_SIZE_1_2: usize = 52;
+/// [`kvp_decode_config`] through `max_query_tokens` (ABI 1.3).
+pub const KVP_DECODE_CONFIG_STRUCT_SIZE_1_3: usize = 56;
 /// [`kvp_decode_args`] through `lse` (ABI 1.0).
 pub const KVP_DECODE_ARGS_STRUCT_SIZE_1_0: usize = 112;
+/// [`kvp_attend_args`] through `lse` (ABI 1.3, its first release).
+pub const KVP_ATTEND_ARGS_STRUCT_SIZE_1_3: usize = 120;
 /// [`kvp_api`] through `decode` (ABI 1.0).
 pub const KVP_API_STRUCT_SIZE_1_0: usize = 312;
+/// [`kvp_api`] through `attend` (ABI 1.3).
+pub const KVP_API_STRUCT_SIZE_1_3: usize = 328;
 
 // ---------------------------------------------------------------------------
 // Opaque handles (the nomicon's pattern: not constructible, not Send, not
@@ -262,6 +268,9 @@ pub struct kvp_decode_config {
     pub workspace_bytes: u64,
     /// ABI 1.2: precise mode (0 or 1): every decode in FP32 from end to end.
     pub precise: i32,
+    /// ABI 1.3: query tokens of one [`kvp_attend`] call, all sequences
+    /// together; 0 = `max_num_seqs * max_query_len`.
+    pub max_query_tokens: i32,
 }
 
 /// Arguments of [`kvp_decode`]; fill with [`kvp_decode_args_init`].
@@ -281,6 +290,33 @@ pub struct kvp_decode_args {
     pub block_table_stride: i64,
     pub block_table_width: i32,
     pub reserved0: i32,
+    pub seq_lens: *const i32,
+    pub alibi_slopes: *const f32,
+    pub out: *mut c_void,
+    pub out_token_stride: i64,
+    pub lse: *mut f32,
+}
+
+/// Arguments of [`kvp_attend`] (first released in ABI 1.3); fill with
+/// [`kvp_attend_args_init`]. Sequence `s` owns query tokens
+/// `query_starts[s]..query_starts[s + 1]`, the last tokens of its context.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvp_attend_args {
+    pub struct_size: usize,
+    pub layer: i32,
+    pub num_seqs: i32,
+    pub sliding_window: i32,
+    pub sm_scale: f32,
+    pub logits_soft_cap: f32,
+    pub reserved0: i32,
+    pub query_starts: *const i32,
+    pub q: *const c_void,
+    pub q_token_stride: i64,
+    pub block_table: *const i32,
+    pub block_table_stride: i64,
+    pub block_table_width: i32,
+    pub reserved1: i32,
     pub seq_lens: *const i32,
     pub alibi_slopes: *const f32,
     pub out: *mut c_void,
@@ -378,6 +414,16 @@ pub struct kvp_api {
         unsafe extern "C" fn(
             *mut kvp_decoder,
             *const kvp_decode_args,
+            *mut c_void,
+        ) -> *mut kvp_error,
+    >,
+    /// ABI 1.3.
+    pub attend_args_init: Option<unsafe extern "C" fn(*mut kvp_attend_args)>,
+    /// ABI 1.3.
+    pub attend: Option<
+        unsafe extern "C" fn(
+            *mut kvp_decoder,
+            *const kvp_attend_args,
             *mut c_void,
         ) -> *mut kvp_error,
     >,
@@ -512,6 +558,15 @@ extern "C" {
     pub fn kvp_decode(
         decoder: *mut kvp_decoder,
         args: *const kvp_decode_args,
+        stream: *mut c_void,
+    ) -> *mut kvp_error;
+
+    // Attention over query chunks (varlen), ABI 1.3
+    pub fn kvp_attend_args_init(args: *mut kvp_attend_args);
+    /// Must not run concurrently on one decoder that owns its workspace.
+    pub fn kvp_attend(
+        decoder: *mut kvp_decoder,
+        args: *const kvp_attend_args,
         stream: *mut c_void,
     ) -> *mut kvp_error;
 

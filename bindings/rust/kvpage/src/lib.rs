@@ -1,6 +1,7 @@
 //! Safe Rust bindings of kvpage: a paged KV cache (BF16/FP16, or FP8/INT8/INT4
 //! with per-token-per-head scales), its sequences and block tables, the
-//! quantizing write and decode attention, over the stable C ABI of
+//! quantizing write, decode attention and attention over query chunks of
+//! varying lengths ([`Decoder::attend`]), over the stable C ABI of
 //! `libkvpage.so` (raw declarations in [`kvpage_sys`]).
 //!
 //! - Handles are owned values: [`Cache`] and [`Decoder`] release their C
@@ -76,7 +77,7 @@ pub use cache::{
     BlockTable, Cache, CacheConfig, CacheInfo, Device, LayerLayout, RawWriteArgs, SeqId, Stream,
     WriteArgs, WriteStats,
 };
-pub use decode::{DecodeArgs, DecodeConfig, Decoder, RawDecodeArgs};
+pub use decode::{AttendArgs, DecodeArgs, DecodeConfig, Decoder, RawAttendArgs, RawDecodeArgs};
 pub use dtype::{Bf16, DType, Element, F16};
 pub use error::{Error, ErrorCode, Result};
 pub use kvpage_sys;

@@ -23,7 +23,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kvpage::{
-    Cache, CacheConfig, DType, DecodeArgs, DecodeConfig, Element, ErrorCode, SeqId, WriteArgs, F16,
+    AttendArgs, Cache, CacheConfig, DType, DecodeArgs, DecodeConfig, Element, ErrorCode, SeqId,
+    WriteArgs, F16,
 };
 
 // ---------------------------------------------------------------------------
@@ -816,6 +817,245 @@ fn precise_decoder_decodes_as_the_default_one() {
         m
     };
     assert!(message.contains("config->precise = 2"), "{}", message);
+}
+
+// ---------------------------------------------------------------------------
+// Attention over query chunks (kvp_attend, ABI 1.3)
+// ---------------------------------------------------------------------------
+
+const CONTEXTS: [usize; 3] = [9, 4, 2];
+const CHUNKS: [usize; 3] = [5, 0, 2]; // query tokens per sequence
+const QROW: usize = Q_HEADS * D;
+
+/// An FP16 cache holding CONTEXTS, its models and its block table (width 2).
+fn ragged_cache(rng: &mut Rng) -> (Cache, Vec<SeqKv>, kvpage::BlockTable) {
+    let cache = Cache::new(&CacheConfig {
+        block_size: 8,
+        head_size: D as i32,
+        k_dtype: DType::Fp16,
+        v_dtype: DType::Fp16,
+        ..CacheConfig::new(8, KV_HEADS as i32)
+    })
+    .unwrap();
+    let mut seqs = Vec::new();
+    let mut models = Vec::new();
+    for &n in &CONTEXTS {
+        let s = cache.create_seq().unwrap();
+        let slots = cache.append(s, n).unwrap();
+        let (k, v) = (rng.halves(n * DENSE), rng.halves(n * DENSE));
+        cache.write(&WriteArgs::new(0, &k, &v, &slots)).unwrap();
+        let mut m = SeqKv::default();
+        m.push(&k, &v);
+        models.push(m);
+        seqs.push(s);
+    }
+    let table = cache.block_table(&seqs, 2).unwrap();
+    (cache, models, table)
+}
+
+fn query_starts() -> Vec<i32> {
+    let mut starts = vec![0i32];
+    for &n in &CHUNKS {
+        starts.push(starts.last().unwrap() + n as i32);
+    }
+    starts
+}
+
+/// Row i of a sequence's chunk of n tokens equals, bit for bit, the decode
+/// of that sequence alone with query_len = n (the CPU backend computes both
+/// in double and rounds once), and the float64 reference at its position.
+#[test]
+fn attend_ragged_batch_equals_decode_per_sequence() {
+    let mut rng = Rng::new();
+    let seed = rng.seed;
+    let (cache, models, table) = ragged_cache(&mut rng);
+    let starts = query_starts();
+    let tokens = *starts.last().unwrap() as usize;
+    let config = DecodeConfig {
+        q_dtype: DType::Fp32,
+        out_dtype: DType::Fp32,
+        max_query_len: 5,
+        ..DecodeConfig::new(Q_HEADS as i32, 3, 32)
+    };
+    assert_eq!(config.max_query_tokens, 0);
+    assert_eq!(config.query_token_capacity(), 15);
+    let mut dec = cache.decoder(&config).unwrap();
+    let slopes = alibi_slopes();
+    let plain = Options::default();
+    let with_options = Options {
+        sm_scale: 0.1f32 as f64,
+        soft_cap: 4.0,
+        window: 3,
+        alibi: true,
+    };
+    for o in [plain, with_options] {
+        let q = rng.normals(tokens * QROW);
+        let mut args = AttendArgs::new(0, &q, &starts, &table);
+        args.sm_scale = o.sm_scale as f32;
+        args.logits_soft_cap = o.soft_cap as f32;
+        args.sliding_window = o.window as i32;
+        args.alibi_slopes = if o.alibi { Some(&slopes) } else { None };
+        // Two rows past the last token: attend leaves them alone.
+        let mut out = poisoned::<f32>((tokens + 2) * QROW);
+        let mut lse = vec![f32::NAN; (tokens + 2) * Q_HEADS];
+        dec.attend(&args, &mut out, Some(&mut lse)).unwrap();
+        assert!(
+            out[tokens * QROW..].iter().all(|x| x.is_nan())
+                && lse[tokens * Q_HEADS..].iter().all(|x| x.is_nan()),
+            "attend wrote past query_starts[num_seqs] (seed {})",
+            seed
+        );
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (s, &n) in CHUNKS.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let (a, b) = (starts[s] as usize, starts[s + 1] as usize);
+            let mut one = DecodeArgs::new(0, &q[a * QROW..b * QROW], &table);
+            one.query_len = n as i32;
+            one.block_table = &table.table[s * 2..s * 2 + 2];
+            one.seq_lens = &table.seq_lens[s..s + 1];
+            one.sm_scale = args.sm_scale;
+            one.logits_soft_cap = args.logits_soft_cap;
+            one.sliding_window = args.sliding_window;
+            one.alibi_slopes = args.alibi_slopes;
+            let mut want = poisoned::<f32>(n * QROW);
+            let mut want_lse = vec![f32::NAN; n * Q_HEADS];
+            dec.decode(&one, &mut want, Some(&mut want_lse)).unwrap();
+            assert!(want.iter().all(|x| x.is_finite()), "seed {}", seed);
+            assert_eq!(
+                bits(&out[a * QROW..b * QROW]),
+                bits(&want),
+                "sequence {}: out (seed {})",
+                s,
+                seed
+            );
+            assert_eq!(
+                bits(&lse[a * Q_HEADS..b * Q_HEADS]),
+                bits(&want_lse),
+                "sequence {}: lse (seed {})",
+                s,
+                seed
+            );
+            // Token i sits at position p = L - n + i: one query token over
+            // the first p + 1 tokens.
+            for i in 0..n {
+                let mut upto = models[s].clone();
+                upto.truncate(CONTEXTS[s] - n + i + 1);
+                let row = &q[(a + i) * QROW..(a + i + 1) * QROW];
+                let q64: Vec<f64> = row.iter().map(|&x| x as f64).collect();
+                let (r, _) = reference(&q64, &[&upto], o);
+                expect_close(
+                    &format!("attend sequence {} token {}", s, i),
+                    seed,
+                    &out[(a + i) * QROW..(a + i + 1) * QROW],
+                    &r,
+                    2f64.powi(-20),
+                    1e-6,
+                );
+            }
+        }
+    }
+    // No sequences: a no-op that succeeds.
+    let empty = AttendArgs::<f32> {
+        seq_lens: &[],
+        block_table: &[],
+        query_starts: &[0],
+        q: &[],
+        ..AttendArgs::new(0, &[], &[], &table)
+    };
+    dec.attend(&empty, &mut [0f32; 0], None).unwrap();
+}
+
+#[test]
+fn attend_errors_and_max_query_tokens() {
+    let mut rng = Rng::new();
+    let (cache, _, table) = ragged_cache(&mut rng);
+    let starts = query_starts();
+    let tokens = *starts.last().unwrap() as usize;
+    let q = rng.normals(tokens * QROW);
+    let mut out = vec![0f32; tokens * QROW];
+    let fp32 = DecodeConfig {
+        q_dtype: DType::Fp32,
+        out_dtype: DType::Fp32,
+        max_query_len: 2,
+        ..DecodeConfig::new(Q_HEADS as i32, 3, 32)
+    };
+
+    // From the library: bad query_starts, named.
+    let mut dec = cache
+        .decoder(&DecodeConfig {
+            max_query_tokens: tokens as i32,
+            ..fp32.clone()
+        })
+        .unwrap();
+    assert_eq!(dec.config().query_token_capacity(), tokens as i64);
+    for bad in [[0, 5, 3, 7], [1, 5, 5, 7], [0, 1, 6, 7]] {
+        let e = dec
+            .attend(&AttendArgs::new(0, &q, &bad, &table), &mut out, None)
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidArgument);
+        assert!(e.message().contains("query_starts"), "{:?}: {}", bad, e);
+    }
+    // From the binding: too few boundaries, too few rows.
+    let e = dec
+        .attend(
+            &AttendArgs::new(0, &q, &starts[..3], &table),
+            &mut out,
+            None,
+        )
+        .unwrap_err();
+    assert!(e.message().contains("query_starts has 3 elements"), "{}", e);
+    let e = dec
+        .attend(
+            &AttendArgs::new(0, &q, &starts, &table),
+            &mut out[..6 * QROW],
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        e.message().starts_with("out ") && e.message().contains("query_starts[3] = 7"),
+        "{}",
+        e
+    );
+    // max_query_tokens set explicitly is the capacity, whatever max_query_len.
+    dec.attend(&AttendArgs::new(0, &q, &starts, &table), &mut out, None)
+        .unwrap();
+    assert!(out.iter().all(|x| x.is_finite()));
+
+    // Its default: max_num_seqs * max_query_len = 6 < 7 tokens.
+    let mut small = cache.decoder(&fp32).unwrap();
+    assert_eq!(small.config().query_token_capacity(), 6);
+    let e = small
+        .attend(&AttendArgs::new(0, &q, &starts, &table), &mut out, None)
+        .unwrap_err();
+    assert!(e.message().contains("max_query_tokens = 6"), "{}", e);
+    let e = cache
+        .decoder(&DecodeConfig {
+            max_query_tokens: -1,
+            ..fp32.clone()
+        })
+        .unwrap_err();
+    assert!(e.message().contains("max_query_tokens = -1"), "{}", e);
+
+    // The raw structs as the library initializes them.
+    // SAFETY: the init functions fill the whole structs.
+    unsafe {
+        use kvpage::kvpage_sys as sys;
+        let mut c = std::mem::MaybeUninit::<sys::kvp_decode_config>::zeroed();
+        sys::kvp_decode_config_init(c.as_mut_ptr());
+        let c = c.assume_init();
+        assert_eq!(c.struct_size, sys::KVP_DECODE_CONFIG_STRUCT_SIZE_1_3);
+        assert_eq!(c.max_query_tokens, 0);
+        let mut a = std::mem::MaybeUninit::<sys::kvp_attend_args>::zeroed();
+        sys::kvp_attend_args_init(a.as_mut_ptr());
+        let a = a.assume_init();
+        assert_eq!(a.struct_size, sys::KVP_ATTEND_ARGS_STRUCT_SIZE_1_3);
+        assert_eq!((a.num_seqs, a.reserved0, a.reserved1), (0, 0, 0));
+        let api = &*sys::kvp_get_api(sys::KVP_ABI_MAJOR);
+        assert!(api.struct_size >= sys::KVP_API_STRUCT_SIZE_1_3 && api.abi_minor >= 3);
+        assert!(api.attend.is_some() && api.attend_args_init.is_some());
+    }
 }
 
 // ---------------------------------------------------------------------------

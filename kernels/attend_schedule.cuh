@@ -1,0 +1,256 @@
+// The two small kernels around kvp_attend's attention kernel
+// (docs/DESIGN.md, "Attention over query chunks"):
+//   AttendScheduleKernel  one block: reads the batch's query offsets and
+//                         context lengths, checks them, and writes the work
+//                         items (query tile x span of KV tokens) the
+//                         attention grid runs, splitting the contexts when
+//                         the tiles alone would leave the GPU idle;
+//   AttendMergeKernel     combines the partial results of split tiles by
+//                         their log-sum-exp.
+// Both run on the device, so one captured graph serves every batch.
+#ifndef KVPAGE_KERNELS_ATTEND_SCHEDULE_CUH_
+#define KVPAGE_KERNELS_ATTEND_SCHEDULE_CUH_
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/common/checked.cuh"
+#include "kernels/common/vec.cuh"
+#include "src/params.h"
+
+namespace kvpage {
+namespace kernels {
+namespace attend {
+
+constexpr int kScheduleThreads = 256;
+
+// Sequence s as the schedule sees it: its query tokens and context, or no
+// query tokens where the batch's values are out of range (reported in
+// checked mode).
+struct SequenceChunk {
+  int32_t start = 0;
+  int32_t count = 0;
+  int32_t context = 0;
+};
+
+__device__ __forceinline__ SequenceChunk ReadSequenceChunk(const DecodeParams& p, int32_t s) {
+  SequenceChunk c;
+  const int32_t begin = p.query_starts[s];
+  const int32_t end = p.query_starts[s + 1];
+  const int32_t len = p.seq_lens[s];
+  const int64_t len_limit =
+      min(int64_t{p.max_context_len}, int64_t{p.block_table_width} * p.geo.block_size);
+  if (begin < 0 || begin > p.max_query_tokens || (s == 0 && begin != 0)) {
+    ReportFault(p.checked, DeviceFault::kQueryStartOutOfRange, s, begin, p.max_query_tokens);
+    return c;
+  }
+  if (end < begin || end > p.max_query_tokens) {
+    ReportFault(p.checked, DeviceFault::kQueryStartOutOfRange, s + 1, end, p.max_query_tokens);
+    return c;
+  }
+  if (len < 0 || len > len_limit) {
+    ReportFault(p.checked, DeviceFault::kSeqLenOutOfRange, s, len, len_limit);
+    return c;
+  }
+  if (end - begin > len) {
+    ReportFault(p.checked, DeviceFault::kQueryPastContext, s, end - begin, len);
+    return c;
+  }
+  c.start = begin;
+  c.count = end - begin;
+  c.context = len;
+  return c;
+}
+
+// The KV tokens query tile `tile` of a chunk can see: from the first one
+// inside its earliest row's sliding window (rounded down to a step) to its
+// last row's position.
+struct TileSpan {
+  int32_t begin;
+  int32_t end;
+};
+__device__ __forceinline__ TileSpan TileKvSpan(const DecodeParams& p, const AttendPlan& plan,
+                                               const SequenceChunk& c, int32_t group,
+                                               int32_t tile) {
+  const int64_t rows = int64_t{c.count} * group;
+  const int64_t first_row = int64_t{tile} * plan.tile_rows;
+  const int64_t last_row = min(first_row + plan.tile_rows, rows) - 1;
+  const int32_t first_pos = c.context - c.count + static_cast<int32_t>(first_row / group);
+  const int32_t last_pos = c.context - c.count + static_cast<int32_t>(last_row / group);
+  int32_t begin = p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
+  begin = begin / plan.tile_tokens * plan.tile_tokens;
+  return {begin, last_pos + 1};
+}
+
+__device__ __forceinline__ int32_t TilesOf(const AttendPlan& plan, const SequenceChunk& c,
+                                           int32_t group) {
+  return static_cast<int32_t>((int64_t{c.count} * group + plan.tile_rows - 1) / plan.tile_rows);
+}
+
+__device__ __forceinline__ int32_t StepsOf(const AttendPlan& plan, TileSpan span) {
+  return (span.end - span.begin + plan.tile_tokens - 1) / plan.tile_tokens;
+}
+
+// Items of a tile of `steps` mainloop steps cut into spans of `chunk`
+// steps (at least one: a tile with nothing visible still writes its rows).
+__device__ __forceinline__ int32_t SplitsOf(int32_t steps, int32_t chunk) {
+  return steps <= chunk ? 1 : static_cast<int32_t>((int64_t{steps} + chunk - 1) / chunk);
+}
+
+// One block of kScheduleThreads. Pass 1 counts the tiles and mainloop
+// steps of the batch; if the tiles are fewer than plan.split_items, every
+// tile's context is cut into spans of `chunk` steps, chunk chosen so that
+// the items cannot exceed split_items (sum over tiles of ceil(steps /
+// chunk) <= tiles + steps / chunk). Pass 2 writes the items in sequence
+// order, each sequence's tiles last first (the longest spans of a causal
+// chunk start first), through a block-wide scan of the items per sequence.
+__global__ void __launch_bounds__(kScheduleThreads)
+    AttendScheduleKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
+  using Reduce = cub::BlockReduce<long long, kScheduleThreads>;
+  using Scan = cub::BlockScan<int32_t, kScheduleThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } temp;
+  __shared__ long long totals[2];
+  __shared__ int32_t carry, merges;
+  const int32_t group = p.num_q_heads / p.geo.num_kv_heads;
+
+  long long tiles = 0, steps = 0;
+  for (int32_t s = threadIdx.x; s < p.num_seqs; s += kScheduleThreads) {
+    const SequenceChunk c = ReadSequenceChunk(p, s);
+    const int32_t n = TilesOf(plan, c, group);
+    tiles += n;
+    for (int32_t t = 0; t < n; ++t) steps += StepsOf(plan, TileKvSpan(p, plan, c, group, t));
+  }
+  const long long all_tiles = Reduce(temp.reduce).Sum(tiles);
+  __syncthreads();
+  const long long all_steps = Reduce(temp.reduce).Sum(steps);
+  if (threadIdx.x == 0) {
+    totals[0] = all_tiles;
+    totals[1] = all_steps;
+    carry = 0;
+    merges = 0;
+  }
+  __syncthreads();
+  int32_t chunk = INT_MAX;
+  if (plan.split_items > totals[0] && totals[0] > 0) {
+    const long long free_items = plan.split_items - totals[0];
+    const long long min_steps = (plan.min_split_tokens + plan.tile_tokens - 1) / plan.tile_tokens;
+    chunk = static_cast<int32_t>(max(min_steps, (totals[1] + free_items - 1) / free_items));
+  }
+
+  for (int32_t base = 0; base < p.num_seqs; base += kScheduleThreads) {
+    const int32_t s = base + static_cast<int32_t>(threadIdx.x);
+    SequenceChunk c;
+    int32_t n = 0, items = 0;
+    if (s < p.num_seqs) {
+      c = ReadSequenceChunk(p, s);
+      n = TilesOf(plan, c, group);
+      for (int32_t t = 0; t < n; ++t) {
+        items += SplitsOf(StepsOf(plan, TileKvSpan(p, plan, c, group, t)), chunk);
+      }
+    }
+    int32_t offset = 0;
+    Scan(temp.scan).ExclusiveSum(items, offset);
+    offset += carry;
+    for (int32_t t = n - 1; t >= 0; --t) {
+      const TileSpan span = TileKvSpan(p, plan, c, group, t);
+      const int32_t splits = SplitsOf(StepsOf(plan, span), chunk);
+      if (splits > 1) {
+        const int32_t m = atomicAdd(&merges, 1);
+        ws.merges[m] = AttendMerge{s, t, offset, splits};
+      }
+      for (int32_t j = 0; j < splits; ++j) {
+        AttendWorkItem item;
+        item.seq = s;
+        item.tile = t;
+        item.query_start = c.start;
+        item.query_count = c.count;
+        item.context = c.context;
+        item.kv_begin = span.begin + j * chunk * plan.tile_tokens;
+        item.kv_end = min(span.end, item.kv_begin + chunk * plan.tile_tokens);
+        if (chunk == INT_MAX) item.kv_end = span.end;
+        item.split_slot = splits > 1 ? offset : -1;
+        ws.items[offset++] = item;
+      }
+    }
+    __syncthreads();  // every thread has read `carry`
+    if (s == min(base + kScheduleThreads, p.num_seqs) - 1) carry = offset;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    ws.counts[0] = carry;
+    ws.counts[1] = merges;
+  }
+}
+
+// One block per (split tile, KV head, group of kMergeRows rows), a warp
+// per row: out = sum_j w_j out_j / sum_j w_j with w_j = exp(lse_j - max
+// lse), lse = max + log(sum w). A lane holds four channels (eight at head
+// size 256); the splits' loads are independent, so they overlap. Rows with
+// no visible token in any split get zeros and -inf.
+constexpr int kMergeRows = 16;
+constexpr int kMergeThreads = 128;
+
+__global__ void __launch_bounds__(kMergeThreads)
+    AttendMergeKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
+  if (static_cast<int32_t>(blockIdx.x) >= ws.counts[1]) return;
+  const AttendMerge m = ws.merges[blockIdx.x];
+  const int kvh = blockIdx.y;
+  const int D = p.geo.head_size;
+  const int32_t group = p.num_q_heads / p.geo.num_kv_heads;
+  const AttendWorkItem& first = ws.items[m.first_slot];
+  const int64_t rows = int64_t{first.query_count} * group;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = blockIdx.z * kMergeRows + warp; r < (blockIdx.z + 1) * kMergeRows;
+       r += kMergeThreads / 32) {
+    const int64_t packed = int64_t{m.tile} * plan.tile_rows + r;
+    if (r >= plan.tile_rows || packed >= rows) break;
+    const int64_t token = first.query_start + packed / group;
+    const int head = kvh * group + static_cast<int>(packed % group);
+    const int64_t row0 = (int64_t{m.first_slot} * p.geo.num_kv_heads + kvh) * plan.tile_rows + r;
+    const int64_t split_stride = int64_t{p.geo.num_kv_heads} * plan.tile_rows;
+    float top = -INFINITY;
+    for (int j = 0; j < m.num_splits; ++j)
+      top = fmaxf(top, ws.partial_lse[row0 + j * split_stride]);
+    float total = 0.0f;
+    for (int j = 0; j < m.num_splits; ++j) {
+      const float l = ws.partial_lse[row0 + j * split_stride];
+      total += l == -INFINITY ? 0.0f : expf(l - top);
+    }
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int d = 4 * lane; d < D; d += 128) {
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+      for (int j = 0; j < m.num_splits; ++j) {
+        const float l = ws.partial_lse[row0 + j * split_stride];
+        const float w = l == -INFINITY ? 0.0f : expf(l - top) * inv;
+        const float4 o =
+            *reinterpret_cast<const float4*>(ws.partial_out + (row0 + j * split_stride) * D + d);
+        acc.x += w * o.x;
+        acc.y += w * o.y;
+        acc.z += w * o.z;
+        acc.w += w * o.w;
+      }
+      const int64_t at = token * p.out_stride + int64_t{head} * D + d;
+      StoreFromFloat(p.out_dtype, p.out, at, acc.x);
+      StoreFromFloat(p.out_dtype, p.out, at + 1, acc.y);
+      StoreFromFloat(p.out_dtype, p.out, at + 2, acc.z);
+      StoreFromFloat(p.out_dtype, p.out, at + 3, acc.w);
+    }
+    if (lane == 0 && p.lse != nullptr) {
+      p.lse[token * p.num_q_heads + head] = total > 0.0f ? top + logf(total) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace attend
+}  // namespace kernels
+}  // namespace kvpage
+
+#endif  // KVPAGE_KERNELS_ATTEND_SCHEDULE_CUH_
