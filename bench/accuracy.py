@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """kvpage decode accuracy on one GPU: each kernel's precision contract, each format's error.
 
 Writes docs/ACCURACY.md.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """kvpage decode vs PyTorch attention, on one GPU, in one run.
 
 For the shapes of kvpage-bench (bench/kvpage_bench.cc): kvpage's paged decode

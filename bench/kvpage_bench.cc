@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvpage-bench: decode and cache-write throughput on one GPU, against the
 // device-to-device copy bandwidth measured in the same run.
 //

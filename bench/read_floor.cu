@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvpage-read-floor: how fast the pieces a decode reads can be read at
 // all, through the same shuffled pool of blocks as kvpage-bench, without
 // the decode's arithmetic. Per block and KV head a decode reads a K piece,

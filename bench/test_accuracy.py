@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Tests of bench/accuracy.py's pure parts, with fake measurements: the plan's
 rules, the kernel check's verdicts, the bounds, the page and the exit status.
 Standard library only (no torch, no GPU):

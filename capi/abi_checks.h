@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C++ core's enums and types against the C ABI's: the core converts the
 // header's int32_t fields with static_cast, so each internal value must be
 // the header's. Every KVP_* enum constant of the header is named here

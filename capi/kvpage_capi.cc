@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C ABI: argument checks, error objects, the exception firewall and the
 // function table. Every entry is wrapped in KVP_API_BEGIN / KVP_API_END so
 // that no C++ exception crosses the boundary.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Extensible structs at the ABI boundary: how large each struct was when
 // first released (from the header's KVP_*_STRUCT_SIZE_* macros, pinned here
 // so that they never change), and prefix copies in and out so that callers

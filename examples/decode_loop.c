@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * An engine's decode loop through kvpage's public API:
  *   a batch of sequences with different prompt lengths -> prefill writes ->

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The dispatch point of kvp_attend (docs/DESIGN.md, "Attention over query
 // chunks"): the schedule kernel, the attention kernel of the cache's
 // (K side, V side, head size) from the manifest's list

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The two small kernels around kvp_attend's attention kernel
 // (docs/DESIGN.md, "Attention over query chunks"):
 //   AttendScheduleKernel  one block: reads the batch's query offsets and

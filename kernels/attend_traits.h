@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the query-chunk attention kernel (kernels/varlen_attention.cuh) is
 // built from, as plain constexpr data the plan (src/decode_plan.cc) and the
 // kernel share: how each side feeds the tensor cores, the tile shape per

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cache write: quantize each new token's K and V per KV head and scatter
 // them into the paged layout (src/geometry.h), byte-identical to the CPU
 // backend's write (src/cpu_backend.cc, CpuBackend::Write).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Block copy (copy-on-write, kvp_cache_copy_blocks): pairs[2i] -> pairs[2i+1]
 // in every layer,
 // for each of the layer's block regions (K data, V data, K scales, V

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one dispatch point of the decode kernels: LaunchDecode switches once
 // on the plan's kernel (src/decode_plan.h), turns the run-time K dtype and
 // head size into the template arguments of an instantiation the manifest

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reduce kernel of the decode (flash-decoding's merge), launched after
 // any partition kernel unless that kernel owns the output. Grid (num_q_heads
 // / rows a block, query_len, num_seqs), a warp per query head

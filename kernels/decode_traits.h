@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the host needs to know of each decode kernel, with no CUDA syntax:
 // block shape, shared-memory layouts, register budgets (blocks per SM),
 // the partition sizes it takes and whether it writes its own output. The

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-callable launchers of the kernels: plain C++ declarations over the
 // plain-data parameter blocks of src/params.h, so that src/ (compiled by the
 // host compiler, no CUDA syntax) can call into the CUDA objects. Each

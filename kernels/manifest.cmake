@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The kernel manifest: the one list of what the library is built for. From
 # it, kvpage_generate_kernels() below writes
 #   - the instantiation units of every kernel family (one per family and KV

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The thread-group partition kernel of the decode (CUDA cores; DecodeKernel::
 // kThreadGroup), after vLLM's PagedAttention v2 with one thread block
 // serving every query row of a KV head. Its prologue and the row outputs

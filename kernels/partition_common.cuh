@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every partition kernel of the decode shares (the thread-group kernel,
 // paged_decode.cuh; the tensor-core kernels, tc_decode.cuh; the staged
 // kernel, tc_staged_decode.cuh): the partition's state and its dynamic

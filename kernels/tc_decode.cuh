@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tensor-core partition kernel of the decode: the path for GQA groups (and
 // multi-token queries) whose rows outrun the CUDA cores of the thread-group
 // kernel (paged_decode.cuh). Same grid, same split-K partials, same reduce

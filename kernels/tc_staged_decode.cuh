@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The staged tensor-core partition kernel of the decode (sm_90+): 16-bit K
 // and V at block size 16, up to 8 query rows per KV head. Same grid, same
 // split-K partials, same reduce kernel and graph-stable launch as

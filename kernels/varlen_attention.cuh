@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention over query chunks on tensor cores (kvp_attend), in the manner
 // of FlashAttention-2: a block holds a tile of 64 query rows (query tokens
 // of one sequence x the query heads of one KV head's group, so that each

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Summarizes scripts/gpu_ab.sh's folder: per benchmark case the base and new
 graph times of every round (us), the change of the medians, and whether the
 decode outputs' fingerprints agree; then the kernels whose registers, stack

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shared by scripts/run.sh and scripts/test.sh: install what is missing
 # (Debian/Ubuntu, as root), then configure and build into $BUILD_DIR.
 set -euo pipefail

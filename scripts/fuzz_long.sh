@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A long fuzz run of the C API (docs/RELIABILITY.md, "Fuzzing the C API"):
 # the ASan+UBSan libFuzzer build of scripts/test_sanitizers.sh
 # (build-asan/tests/fuzz/kvpage_fuzz), WORKERS processes for SECONDS,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Same-call A/B of two staged builds on a GPU machine (docs/DESIGN.md,
 # "Changing a kernel"): register and spill counts of every kernel, and
 # kvpage-bench of both libraries in alternating rounds, each round with the

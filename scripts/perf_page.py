@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes docs/PERFORMANCE.md from raw kvpage-bench output.
 
 usage: python3 scripts/perf_page.py RUN.txt [RUN.txt ...]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The main job: install what is missing, build, run the example decode loop
 # (CUDA backend where a GPU and the CUDA backend are present, CPU otherwise).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

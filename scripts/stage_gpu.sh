@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds Release binaries for one CUDA architecture and stages them, with
 # the Abseil shared libraries they need, in .gpu/ (git-ignored) so that a
 # GPU machine without Abseil can run them: LD_LIBRARY_PATH=.gpu.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole test suite: install what is missing, build, run ctest. GPU tests
 # skip themselves where no GPU is present.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The reliability checks of docs/RELIABILITY.md, on the host code (no CUDA):
 #  1. build-asan: clang, AddressSanitizer + UndefinedBehaviorSanitizer (and
 #     LeakSanitizer), with libFuzzer coverage. Runs the unit and C API

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backend interface: where a cache's memory lives and how its
 // operations run. One implementation per device kind (CPU, CUDA); the
 // cache and the C API above it never branch on the device kind.

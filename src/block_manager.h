@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Block manager: which blocks each sequence owns, with reference counts so
 // that forks share blocks and copy-on-write keeps shared blocks intact.
 // Pure bookkeeping: it never touches cache memory; copies it decides on are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A paged KV cache: its geometry, its memory on one backend, its block
 // manager and write counters, and the operations on them. Everything is
 // validated here that needs the cache's state; capi/ checks the C-level

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU backend: the oracle the CUDA backend is checked against, and a
 // working backend for machines without a GPU. Straightforward loops over
 // the layouts of src/geometry.h, quantizing through src/formats.h, decoding

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend's host side: device memory, the decode launch shape and
 // workspace, and the launches. Every entry makes the cache's device current
 // for its duration and restores the caller's device afterwards; launches

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The split-K partition size of a decode, chosen by a wave model: plain
 // host arithmetic, so that it is unit-tested on any machine (the CUDA
 // backend calls it with its device's figures).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decode plan (src/decode_plan.h): which kernel, how long a partition,
 // which launch options. Every rule here is a decision with its evidence in
 // docs/DESIGN.md, "Decode plan"; tests/unit/decode_plan_test.cc pins the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decode plan: one host-only function that turns a cache geometry, a
 // decoder's capacities, the device and tuning overrides into the kernel a
 // decode runs and its launch shape (DecodePlan, src/params.h), in the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A decoder: the capacities a decode launch is shaped by, the query/output
 // dtypes, and the workspace; Run() checks a batch against them and hands
 // it to the cache's backend.

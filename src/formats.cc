@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference definition of every KV cache format (see formats.h and
 // docs/FORMATS.md). Everything here is plain IEEE FP32 arithmetic in the
 // default rounding mode (round half to even); conversions to narrow floats

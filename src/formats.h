@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference definition of every KV cache format: scalar conversions and
 // the per-token-per-head quantizer, each an exact sequence of IEEE FP32
 // operations. The CUDA write kernel must produce the same bytes; where it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cache geometry: the one place that turns a cache configuration into byte
 // offsets. Plain data with no dependencies, so that CUDA kernels can include
 // it as well as the host code.

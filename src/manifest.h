@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kernel manifest (kernels/manifest.cmake) for C++: which KV dtypes,
 // head sizes and decode kernels this build holds. Plain constexpr data over
 // the generated kvpage_manifest.h, so that host code, kernels and tests ask

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A minimal parallel loop for the CPU backend.
 #ifndef KVPAGE_SRC_PARALLEL_H_
 #define KVPAGE_SRC_PARALLEL_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Plain parameter blocks of the cache operations, built on the host and
 // handed to a backend (and, for CUDA, to the kernels by value). Pointers
 // are in the cache's memory space.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvpage's error kinds on top of absl::Status. The C API's stable codes are
 // carried as a payload so that "out of blocks" and "out of memory" (both
 // resource exhaustion to Abseil) stay distinct; capi/ maps them back.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // absl::MutexLock, visible to ThreadSanitizer.
 //
 // Debian's Abseil is not built with -fsanitize=thread, so the atomics and

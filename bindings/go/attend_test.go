@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Decoder.Attend (kvp_attend, ABI 1.3) on the CPU backend: a ragged batch
 // (5, 0 and 2 query tokens at contexts 9, 4 and 2) against the binding's
 // own Decode of each sequence alone, bit for bit (the CPU backend computes

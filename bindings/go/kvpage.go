@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package kvpage is the Go binding of kvpage: a paged KV cache (BF16/FP16,
 // or FP8/INT8/INT4 with per-token-per-head scales), its sequences and block
 // tables, the quantizing write and decode attention, over the stable C ABI

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* C helpers of the Go binding. cgo forbids passing Go memory that holds Go
  * pointers, so the argument structs that point to Go slices
  * (kvp_cache_config, kvp_write_args, kvp_decode_config, kvp_decode_args,

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The binding end to end on the CPU backend, the same scenario as the Rust
 // binding's test: sequences (create, append, fork with copy-on-write,
 // truncate, free), writes, block tables and decodes checked against a

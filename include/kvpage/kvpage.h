@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpage — paged KV cache and decode attention, C ABI.
  *
@@ -551,10 +552,15 @@ KVP_EXPORT kvp_error* kvp_decode(kvp_decoder* decoder,
  * max_query_tokens): one CUDA graph captured once serves every mix of
  * lengths within them, with no host work per batch; query_starts,
  * seq_lens and the block table are read from memory when the kernels run.
- * Precision (docs/ACCURACY.md): the CUDA kernels multiply on tensor cores
- * with q rounded to K's 16-bit type and the softmax weights to V's (BF16
- * for BF16 caches, FP16 otherwise) and sum in FP32, as FlashAttention
- * does; a precise decoder computes in FP32 from end to end. */
+ * Precision (docs/DECISIONS.md, "Query chunks"): the CUDA kernels multiply
+ * on tensor cores with q rounded to K's 16-bit type and the softmax weights
+ * to V's (BF16 for BF16 caches, FP16 otherwise) and sum in FP32, as
+ * FlashAttention does; against float64 attention over the cache's values,
+ * FP32 output within rel-L2 8e-3 (BF16 V) or 2e-3 (FP16 and quantized V)
+ * over a batch and LSE within 2e-2 * (1 + |LSE|), as
+ * tests/capi/gpu_attend_test.cc holds them. kvp_attend on a precise
+ * decoder is served by the CPU backend (which computes in double) and is
+ * KVP_ERR_UNSUPPORTED on CUDA. */
 typedef struct kvp_attend_args {
   size_t struct_size; /* ABI 1.3 */
   int32_t layer;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared-memory barriers (mbarrier) and bulk copies by the SM's copy engine
 // (cp.async.bulk, sm_90+): a producer warp copies whole contiguous pieces
 // of global memory into shared memory, each completing on a barrier that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checked mode: a kernel that finds a bad block id, length or slot in the
 // data it was handed reports the first one here (src/params.h,
 // DeviceErrorRecord) and skips the access instead of making it.

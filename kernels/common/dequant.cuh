@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // K/V codes to float, in registers: the only place where the bit tricks of
 // the cache formats (docs/FORMATS.md) are written.
 //

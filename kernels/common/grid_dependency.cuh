@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Programmatic dependent launch (sm_90 and newer; both are no-ops before,
 // and where the launch did not ask for it). A kernel launched with
 // cudaLaunchAttributeProgrammaticStreamSerialization may have its blocks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Warp-level tensor-core primitives of the tensor-core decode
 // (tc_decode.cuh): the m16n8k16 MMA with FP32 accumulation, the 8x8
 // transpose that turns an accumulator fragment into an operand fragment,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device version of the reference quantizer (src/formats.cc, QuantizeVector):
 // the same IEEE FP32 operations in the same order, each written as an
 // explicitly rounded intrinsic (__fdiv_rn, __fsub_rn, __float2half_ru/rd,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Warp reductions: butterfly shuffles, so that every lane ends with the
 // result, which the decode needs for its per-row softmax and the reduce
 // kernel for its row's maximum and weight sum (CUB's WarpReduce leaves it

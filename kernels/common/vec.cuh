@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // 16-byte vector loads and the element conversions of the small FP32 /
 // FP16 / BF16 tensors a kernel reads or writes (queries, outputs). Cache
 // bytes (K, V) go through dequant.cuh instead.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Drift tests: the C API and each binding against include/kvpage/kvpage.h.
 
 The header is the single source of the ABI (tests/abi/header_abi.py reads

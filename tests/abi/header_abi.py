@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What include/kvpage/kvpage.h declares, read from its text.
 
 The header is the single source of the ABI: the C API, the Rust -sys crate

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A strict C99 program against the public header: a CPU cache with INT8 keys
  * and INT4 values, three sequences made through kvp_seq_create /

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A strict C99 program that uses the library the way a dlopen user does:
  * it resolves the single symbol kvp_get_api and does everything else through

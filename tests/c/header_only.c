@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The public header alone, compiled as strict C99. */
 #include "kvpage/kvpage.h"
 

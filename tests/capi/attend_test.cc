@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvp_attend (attention over query chunks) on the CPU backend: against the
 // float64 reference over the dequantized cache for ragged batches (chunks
 // of 0, 1, a few and many tokens, chunks as long as their context) across

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bad-input matrix of the C API: every entry that takes pointers, ids,
 // sizes or structs, fed NULLs, out-of-range values and inconsistent
 // arguments one at a time, through the public header only.

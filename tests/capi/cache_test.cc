@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cache behaviour through the C API on the CPU backend: non-finite
 // containment and telemetry, fork + copy-on-write, block copies and
 // transfers, concurrent sequence operations, and the end-to-end error of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conformance with what the header and docs/DECISIONS.md state, through the
 // C API on the CPU backend: the ABI version kvp_build_info reports, decode
 // outputs rounded once from double, key smoothing compared by

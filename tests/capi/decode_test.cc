@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode on the CPU backend against the float64 reference over the
 // dequantized cache, across KV dtypes x head sizes x block sizes x GQA
 // ratios x options, with fresh random ragged batches and poisoned outputs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The engine allocator failing (docs/RELIABILITY.md, "Fault injection"), on
 // the CPU backend: an allocator that fails its N-th call, for every N of a
 // scenario that creates two caches (one with key smoothing), decoders on

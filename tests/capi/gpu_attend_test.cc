@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kvp_attend on the CUDA backend against the CPU backend: ragged batches
 // mixing chunks of 0, 1, 2, 7, 16, 63, 64, 65, 513 and 2048 query tokens
 // with decoding rows, contexts up to 32k (split KV), every KV dtype and
@@ -9,8 +10,8 @@
 // (BF16 for BF16 caches, FP16 otherwise) and sum in FP32, as FlashAttention
 // does; the CPU computes in double. Over a batch, the output's rel-L2 error
 // is within kOutBound (BF16 operands: 2^-9 per rounding; FP16: 2^-12) and
-// each LSE within kLseBound * (1 + |LSE|) (docs/ACCURACY.md, "Attention over
-// query chunks").
+// each LSE within kLseBound * (1 + |LSE|): the bounds the header states for
+// kvp_attend (docs/DECISIONS.md, "Query chunks").
 #include <algorithm>
 #include <cmath>
 #include <cstring>

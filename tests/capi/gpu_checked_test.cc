@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checked mode on the GPU (kvp_cache_config.checked): corrupt block tables,
 // lengths, slot mappings and device-side copy pairs are skipped by the
 // kernels and reported by the next call on the cache, which names the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reliability on the CUDA backend (docs/RELIABILITY.md); every test skips
 // itself where no GPU is present.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend through the C API, against the CPU backend: the same
 // writes give the same cache bytes; decodes agree within the tolerance
 // below; one captured CUDA graph serves batches of different lengths,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU test helpers shared by the CUDA-backend suites: a CPU cache and a
 // CUDA cache fed the same inputs (Twins), device buffers, random paged
 // layouts. Only with KVPAGE_HAVE_CUDA.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Non-finite containment checks (docs/RELIABILITY.md, "Non-finite
 // containment"), written once against a memory space so that the CPU
 // backend (nonfinite_test.cc) and the CUDA backend (gpu_reliability_test.cc)

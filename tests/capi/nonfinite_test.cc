@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Non-finite containment on the CPU backend (docs/RELIABILITY.md): the
 // checks of nonfinite_suite.h over every K/V dtype pair, input, query and
 // output dtype. gpu_reliability_test.cc runs the same checks on a GPU.

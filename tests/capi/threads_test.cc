@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Several threads working one CPU cache through the C API at once, the way
 // an engine's scheduler threads would (docs/RELIABILITY.md; run under
 // ThreadSanitizer by scripts/test_sanitizers.sh). Each worker creates,

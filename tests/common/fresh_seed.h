@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The seed of a test's random inputs: fresh each run, or the one named by
 // KVPAGE_TEST_SEED=N, which replays the run that printed "seed=N".
 #ifndef KVPAGE_TESTS_COMMON_FRESH_SEED_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test helpers: an independent float64 reference of decode attention over
 // a cache read back through the public layout query, and random inputs.
 #ifndef KVPAGE_TESTS_COMMON_REFERENCE_H_

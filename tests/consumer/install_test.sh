@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the build tree into a fresh prefix, then builds a consumer with
 # find_package(kvpage) and another with pkg-config, and runs both.
 set -euo pipefail

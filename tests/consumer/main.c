@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Links against an installed kvpage and creates a cache. */
 #include <kvpage/kvpage.h>
 #include <stdio.h>

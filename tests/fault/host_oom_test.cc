@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host allocation failures (std::bad_alloc) inside the library
 // (docs/RELIABILITY.md, "Fault injection").
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer harness of the C API (docs/RELIABILITY.md, "Fuzzing").
 //
 // The input bytes drive a sequence of C API calls on one or two CPU caches

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decode kernels' shared-memory alignment probe
 // (tests/kernels/test_kernels.h).
 #include <cuda_runtime.h>

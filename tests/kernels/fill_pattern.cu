@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Toolchain probe and test-support kernels (tests/kernels/test_kernels.h).
 #include <cuda_runtime.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test support: ScaleDivisor (kernels/common/quantize.cuh) against
 // __fdiv_rn on the device, the scales' reciprocals and their constant
 // divisors (see kernels/launch.h).

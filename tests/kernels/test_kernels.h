@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test-only kernels (tests/kernels/*.cu, the kvpage_test_kernels library):
 // probes and helpers the GPU unit tests launch, kept out of libkvpage.so.
 // Each returns a cudaError_t as int.

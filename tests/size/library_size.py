@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The device code a library ships, per architecture, against a budget.
 
 Reads the ELF section .nv_fatbin of a shared library or object (the CUDA

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA decode kernels (LaunchDecode: partition + reduce) against the
 // CPU backend's decode, the double-precision oracle, on the same cache
 // bytes and inputs. The cache is built in host memory by CpuBackend::Write

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA toolchain probe: a kernel compiled from kernels/*.cu runs on the
 // GPU and writes what the host expects. Skips where no GPU is present.
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA cache write and block copy against the CPU backend, byte for
 // byte: both run on identically poisoned buffers, and every byte of the
 // cache (all layers, data, scales, padding) and the write counters must

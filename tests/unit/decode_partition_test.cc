@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decode's partition size by the wave model (src/decode_partition.h),
 // on the cases it was fitted to (an H200, 132 SMs: docs/archive.md,
 // "Partition size and the wave model") and on its invariants.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decode plan (src/decode_plan.h) pinned per device profile, with no
 // GPU: which kernel, which partition, which launch options, for the
 // benchmark's shapes and the tuning overrides. Each row's comment is the

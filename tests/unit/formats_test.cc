@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the reference formats: scalar conversions against references
 // built from double arithmetic and exhaustive tables, and the quantizer's
 // error bounds, telemetry and edge cases.

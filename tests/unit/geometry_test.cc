@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of CacheGeometry against hand-computed strides, offsets and element
 // addresses, plus exhaustive checks that every element has its own bits.
 #include "src/geometry.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU backend's parallel loop (src/parallel.h).
 #include "src/parallel.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DoubleToHalfRne and DoubleToBf16Rne (src/formats.h), the single rounding
 // of the CPU decode's double results to FP16/BF16 outputs: every midpoint
 // between neighbouring finite values of both formats and the doubles just

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvpage: paged KV cache and decode attention, through libkvpage's C ABI.
 
 Pure ctypes, standard library only; torch tensors are accepted where torch

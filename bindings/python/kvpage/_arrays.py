@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the binding accepts as an array, and how it checks it.
 
 An argument that names memory may be:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pythonic objects over the C API: Cache, Sequence, Decoder."""
 
 import array

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading libkvpage and the C ABI mirrored in ctypes.
 
 The binding resolves one symbol, ``kvp_get_api``, and calls everything

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Float64 reference attention and cache dequantization, in torch.
 
 For checking an integration: ``dequantize(cache, layer)`` decodes a layer's

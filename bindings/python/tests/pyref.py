@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test helpers in plain Python (no numpy, no torch): number formats, the
 cache read back through the public layout, and kvp_decode's definition in
 float64 (Python floats are IEEE doubles).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Decoder.attend (kvp_attend, ABI 1.3) on the CPU backend, standard library only.
 
 A ragged batch (5, 0 and 2 query tokens at contexts 9, 4 and 2) against the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tests of the ctypes binding against the CPU backend, standard library only.
 
 Run: KVPAGE_LIBRARY=/path/to/libkvpage.so python3 -m unittest discover -s bindings/python/tests

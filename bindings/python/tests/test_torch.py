@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tests of the binding with torch tensors: CPU tensors against the CPU
 backend, and CUDA tensors against the CUDA backend. Skipped where torch (or
 a GPU and a CUDA build of libkvpage) is missing.

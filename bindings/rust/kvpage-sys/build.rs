@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Finds libkvpage.so: `KVPAGE_DIR` (an install prefix or a CMake build
 //! tree), then `pkg-config kvpage`, then the checkout's `build/` folder, then
 //! the linker's default paths. Standard library only (no `pkg-config` or

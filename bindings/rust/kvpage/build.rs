@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! An rpath to the libkvpage.so that kvpage-sys found, for this crate's own
 //! tests and examples (a library crate's link arguments do not reach the
 //! binaries of its users; they set their own rpath or LD_LIBRARY_PATH).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Raw declarations of the kvpage C ABI (`include/kvpage/kvpage.h`).
 //!
 //! Hand-written to match the header one for one: every struct is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! The declarations of `kvpage-sys` against the C header itself.
 //!
 //! A C program is generated from this crate's source (`src/lib.rs`), compiled

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};

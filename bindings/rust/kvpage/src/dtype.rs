@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 use kvpage_sys as sys;
 
 /// Element types of inputs, queries, outputs (`Fp32`, `Fp16`, `Bf16`) and of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! Safe Rust bindings of kvpage: a paged KV cache (BF16/FP16, or FP8/INT8/INT4
 //! with per-token-per-head scales), its sequences and block tables, the
 //! quantizing write, decode attention and attention over query chunks of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 //! The binding end to end on the CPU backend: sequences (create, append,
 //! fork with copy-on-write, truncate, free), writes, block tables and
 //! decodes, checked against a float64 attention computed here.
