@@ -511,14 +511,10 @@ struct VarlenAttention {
       }
       rs.sum[i] = rs.sum[i] * rescale + sum;
       rs.min_acc[i] *= rescale;
-      // Once the maxima settle (most steps of a long context), no row of
-      // the warp needs its O rescaled.
-      if (__any_sync(0xffffffffu, rescale != 1.0f)) {
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-          out[mt][dt][2 * h] *= rescale;
-          out[mt][dt][2 * h + 1] *= rescale;
-        }
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        out[mt][dt][2 * h] *= rescale;
+        out[mt][dt][2 * h + 1] *= rescale;
       }
     }
     if constexpr (kVCodes) {

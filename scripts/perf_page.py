@@ -3,7 +3,8 @@
 """Writes docs/PERFORMANCE.md from raw kvpage-bench output.
 
 usage: python3 scripts/perf_page.py RUN.txt [RUN.txt ...]
-           [--peers COMPARE_TORCH.txt ...] [-o docs/PERFORMANCE.md]
+           [--peers COMPARE_TORCH.txt ...] [--attend ATTEND_RUN.txt ...]
+           [--attend-peers COMPARE_TORCH_ATTEND.txt ...] [-o docs/PERFORMANCE.md]
 
 Each RUN is what `kvpage-bench` (bench/kvpage_bench.cc) prints, saved as is,
 or the CSV it writes with --csv. The page gets one table per device (the
@@ -20,6 +21,15 @@ start with metadata lines of its own, which this script reads:
 
 `--peers` takes what bench/compare_torch.py prints (its stdout, or the
 compare_torch.md it writes) and adds a table against PyTorch per device.
+
+`--attend` takes what `kvpage-bench --attend` prints (the kvp_attend cases
+alone, with the same metadata lines), `--attend-peers` what
+`bench/compare_torch.py --attend` prints (its stdout, or the
+compare_torch_attend.md it writes); each device then gets a section
+"Attention over query chunks (kvp_attend)": time and TFLOP/s per case and
+KV dtype, the mixed batch (d) against its parts, and TFLOP/s against the
+fastest PyTorch path. At most one of each per device; without them the
+page has no such section and its method no attend paragraph.
 
 Anything the script does not recognise is an error: it exits with status 1
 and names the file and line, so a truncated or garbled run never becomes a
@@ -200,6 +210,9 @@ def parse_bench_text(path, text):
             check_row(run, lineno, row)
             run.rows.append(row)
             continue
+        if line.startswith(ATTEND_INTRO_PREFIX):
+            fail(path, lineno, "kvp_attend cases (kvpage-bench --attend or --all): pass a "
+                 "--attend run with --attend, its decode cases as RUN")
         fail(path, lineno, "not kvpage-bench output: %r" % line)
     if run.device is None:
         fail(path, 0, "no device line (\"device: ..., N SMs, L2 M MiB | copy bandwidth ...\")")
@@ -322,6 +335,9 @@ def parse_peers(path):
             continue
         if PEER_NOISE_RE.match(line):
             continue
+        if line.startswith(APEER_INTRO_PREFIX) or APEER_VIA_RE.match(line):
+            fail(path, lineno, "kvp_attend cases (compare_torch.py --attend or --all): pass "
+                 "a --attend run with --attend-peers, its decode shapes with --peers")
         fail(path, lineno, "not compare_torch.py output: %r" % line)
     if in_table:
         tables.append((env, rows))
@@ -387,6 +403,535 @@ def parse_peers(path):
                 fail(path, r["lineno"], "speed-up %.2fx does not match the times (%.3fx)"
                      % (r["speedup"], expect))
     return p
+
+
+# ---------------------------------------------------------------------------
+# kvpage-bench --attend output
+# ---------------------------------------------------------------------------
+
+ATTEND_INTRO_RE = re.compile(
+    r"^kvp_attend over query chunks: TFLOP/s = 4 \* Hq \* D \* \(keys visible to every query "
+    r"token, causal\) / time; peak = (?P<peak>[\d.]+) TFLOP/s \((?P<peak_what>[^)]+)\); the "
+    r"K/V writes are not timed$")
+ATTEND_INTRO_PREFIX = "kvp_attend over query chunks:"
+ATTEND_HEADER = ["case", "heads q/kv", "seqs", "query tokens", "context", "KV", "time (us)",
+                 "TFLOP/s", "of peak", "eager time (us)", "outputs"]
+ATTEND_MIXED_LINE = "mixed batch (d): time(mixed) / (time(chunk alone) + time(decode alone))"
+ATTEND_MIXED_HEADER = ["shape", "KV", "mixed (us)", "chunk alone (us)",
+                       "decode alone, kvp_attend (us)", "decode alone, kvp_decode (us)",
+                       "ratio, kvp_attend decode", "ratio, kvp_decode decode"]
+ATTEND_CSV_RE = re.compile(r"^attend rows: \S.*$")
+ATTEND_SKIPPED_PREFIX = "attend cases skipped:"
+HEADS_RE = re.compile(r"^(?P<hq>\d+)/(?P<hkv>\d+)$")
+SHAPE_HEADS_RE = re.compile(r"(?P<hq>\d+)/(?P<hkv>\d+)")
+# The (d) cases, by kvpage-bench's names (AttendCases in bench/kvpage_bench.cc).
+MIXED_PREFIX = "d mixed "
+CHUNK_PREFIX = "d chunk alone "
+DECODE_PREFIX = "d decode alone "
+
+
+class AttendRun:
+    def __init__(self, path):
+        self.path = path
+        self.meta = OrderedDict()
+        self.device = None
+        self.sms = None
+        self.l2_mib = None
+        self.version = None
+        self.build_info = None
+        self.linear_blocks = False
+        self.precise = False
+        self.peak = None
+        self.peak_what = None
+        self.rows = []   # dicts: case, heads, hq, hkv, seqs, q_tokens, context, dtype, us, ...
+        self.mixed = []  # dicts: shape, heads, dtype, mixed, chunk, dec_attend, dec_decode, ...
+
+
+def flops_consistent(path, rows, key, what):
+    """TFLOP/s x time is the case's FLOP count: the same for every row of one
+    key (e.g. a case's KV dtypes), within the rounding of the printed
+    figures. A row that disagrees belongs to another case or is garbled."""
+    lo, hi, first = OrderedDict(), OrderedDict(), OrderedDict()
+    for r in rows:
+        if r.get("us") is None or r.get("tflops") is None:
+            continue
+        k = key(r)
+        f = r["tflops"] * r["us"]
+        slack = 0.05 / r["tflops"] + 0.05 / r["us"] + 1e-9
+        a, b = f * (1 - slack), f * (1 + slack)
+        if k not in lo:
+            lo[k], hi[k], first[k] = a, b, r
+            continue
+        lo[k], hi[k] = max(lo[k], a), min(hi[k], b)
+        if lo[k] > hi[k]:
+            fail(path, r["lineno"], "TFLOP/s x time does not match line %d's: a different %s"
+                 % (first[k]["lineno"], what))
+
+
+def attend_pct_check(path, lineno, tflops, frac, peak):
+    expect = 100.0 * tflops / peak
+    if abs(expect - frac) > 100.0 * 0.05 / peak + 0.051:
+        fail(path, lineno, "of peak %.1f%% does not match TFLOP/s %.1f / peak %.0f (%.2f%%)"
+             % (frac, tflops, peak, expect))
+
+
+def parse_attend(path):
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    run = AttendRun(path)
+    part = None  # None, "intro", "table", "mixed line", "mixed", "done"
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.rstrip()
+        if not line.strip():
+            continue
+        m = META_RE.match(line)
+        if m and run.device is None:
+            run.meta[m.group("key").lower()] = m.group("value").strip()
+            continue
+        if line.startswith(NO_DEVICE_PREFIX):
+            fail(path, lineno, "kvpage-bench found no CUDA device: nothing was measured")
+        if line.startswith(ATTEND_SKIPPED_PREFIX):
+            fail(path, lineno, "kvpage-bench skipped the attend cases: %r" % line)
+        m = DEVICE_RE.match(line)
+        if m:
+            if run.device is not None:
+                fail(path, lineno, "a second device line: one kvpage-bench run per file")
+            run.device = m.group("name")
+            run.sms = int(m.group("sms"))
+            run.l2_mib = int(m.group("l2"))
+            continue
+        if run.device is None:
+            fail(path, lineno, "not kvpage-bench --attend output before its device line: %r"
+                 % line)
+        m = KVPAGE_RE.match(line)
+        if m and part is None and run.version is None:
+            run.version = m.group("version")
+            run.build_info = m.group("build_info")
+            continue
+        if part is None and line == LINEAR_LINE:
+            run.linear_blocks = True
+            continue
+        if part is None and line == FP16_LINE:
+            continue  # the cache write's input; the attend cases write BF16, untimed
+        if part is None and line == PRECISE_LINE:
+            run.precise = True
+            continue
+        m = ATTEND_INTRO_RE.match(line)
+        if m and part is None:
+            run.peak = num(path, lineno, m.group("peak"), "peak")
+            run.peak_what = m.group("peak_what")
+            if run.peak <= 0:
+                fail(path, lineno, "peak is not positive")
+            part = "intro"
+            continue
+        if line == ATTEND_MIXED_LINE and part == "table":
+            part = "mixed line"
+            continue
+        if ATTEND_CSV_RE.match(line) and part in ("table", "mixed"):
+            part = "done"  # the CSV kvpage-bench wrote: the same rows
+            continue
+        if line.startswith("|"):
+            c = cells(line)
+            if c == HEADER_NOW or c == HEADER_EAGER_ONLY:
+                fail(path, lineno, "a decode table: a kvpage-bench run with decode cases "
+                     "(the default or --all); pass decode runs as RUN, --attend runs alone")
+            if part == "intro":
+                if c != ATTEND_HEADER:
+                    fail(path, lineno, "not kvpage-bench's attend table header: %r" % line)
+                part = "table"
+                continue
+            if part == "mixed line":
+                if c != ATTEND_MIXED_HEADER:
+                    fail(path, lineno, "not kvpage-bench's mixed batch header: %r" % line)
+                part = "mixed"
+                continue
+            if part not in ("table", "mixed"):
+                fail(path, lineno, "a table row out of place: %r" % line)
+            if all(re.fullmatch(r":?-+:?", x) for x in c):
+                continue
+            if part == "table":
+                parse_attend_row(run, lineno, c)
+            else:
+                parse_attend_mixed_row(run, lineno, c)
+            continue
+        fail(path, lineno, "not kvpage-bench --attend output: %r" % line)
+    if run.device is None:
+        fail(path, 0, "no device line (\"device: ..., N SMs, L2 M MiB | copy bandwidth ...\")")
+    if run.peak is None:
+        fail(path, 0, "no \"kvp_attend over query chunks: ...\" line: not a --attend run")
+    if not run.rows:
+        fail(path, 0, "no measurements (no attend table rows)")
+    if part == "mixed line":
+        fail(path, 0, "the mixed batch line without its table (a truncated run?)")
+    flops_consistent(path, run.rows, lambda r: (r["case"], r["heads"]), "case")
+    # A run cut short: a case without every KV dtype of the run, or (d)'s
+    # parts without the mixed batch table kvpage-bench prints after them.
+    dts = set(r["dtype"] for r in run.rows)
+    for (case, heads), rows in attend_groups(run.rows).items():
+        if set(r["dtype"] for r in rows) != dts:
+            fail(path, rows[-1]["lineno"], "%s %s lacks KV dtypes %s of the run (a truncated "
+                 "run?)" % (case, heads, ", ".join(sorted(dts - set(r["dtype"] for r in rows)))))
+    expect = set()
+    for heads in set(r["heads"] for r in run.rows):
+        for d in dts:
+            names = [r["case"] for r in run.rows if r["heads"] == heads and r["dtype"] == d]
+            if (any(n.startswith(MIXED_PREFIX) for n in names)
+                    and any(n.startswith(CHUNK_PREFIX) for n in names)
+                    and any(n.startswith(DECODE_PREFIX) for n in names)):
+                expect.add((heads, d))
+    got = set((m["heads"], m["dtype"]) for m in run.mixed)
+    mixed_rows_check(path, got, expect, "run")
+    return run
+
+
+def mixed_rows_check(path, got, expect, what):
+    """The mixed batch table has a row for each mix whose parts the main
+    table has, and no other."""
+    if got - expect:
+        fail(path, 0, "mixed batch rows without their (d) cases in the table: %s"
+             % "; ".join(" ".join(k) for k in sorted(got - expect)))
+    if expect - got:
+        fail(path, 0, "no mixed batch rows for %s, whose (d) cases the table has (a truncated "
+             "%s?)" % ("; ".join(" ".join(k) for k in sorted(expect - got)), what))
+
+
+def parse_attend_row(run, lineno, c):
+    path = run.path
+    if len(c) != len(ATTEND_HEADER):
+        fail(path, lineno, "%d columns where the header has %d (a truncated row?)"
+             % (len(c), len(ATTEND_HEADER)))
+    m = HEADS_RE.match(c[1])
+    if not m:
+        fail(path, lineno, "heads q/kv is not N/M: %r" % c[1])
+    row = {
+        "case": c[0], "heads": c[1], "hq": int(m.group("hq")), "hkv": int(m.group("hkv")),
+        "seqs": int(num(path, lineno, c[2], "seqs")),
+        "q_tokens": int(num(path, lineno, c[3], "query tokens")),
+        "context": int(num(path, lineno, c[4], "context")),
+        "dtype": c[5],
+        "us": num(path, lineno, c[6], "time"),
+        "tflops": num(path, lineno, c[7], "TFLOP/s"),
+        "frac": pct(path, lineno, c[8], "of peak"),
+        "eager_us": num(path, lineno, c[9], "eager time"),
+        "lineno": lineno,
+    }
+    if not row["case"]:
+        fail(path, lineno, "an empty case")
+    if row["dtype"] not in DTYPES:
+        fail(path, lineno, "unknown KV dtype %r" % row["dtype"])
+    if min(row["seqs"], row["q_tokens"], row["context"]) < 1:
+        fail(path, lineno, "seqs, query tokens or context not positive")
+    if row["us"] <= 0 or row["tflops"] <= 0 or row["eager_us"] <= 0:
+        fail(path, lineno, "a time or TFLOP/s that is not positive")
+    if c[10] != "finite":
+        fail(path, lineno, "outputs %r: kvpage-bench failed this case (exit status 1)" % c[10])
+    attend_pct_check(path, lineno, row["tflops"], row["frac"], run.peak)
+    for r in run.rows:
+        if (r["case"], r["heads"], r["dtype"]) == (row["case"], row["heads"], row["dtype"]):
+            fail(path, lineno, "%s %s %s appears twice (line %d)"
+                 % (row["case"], row["heads"], row["dtype"], r["lineno"]))
+    run.rows.append(row)
+
+
+def attend_row_us(run, lineno, heads, dtype, match, what):
+    hits = [r for r in run.rows if r["heads"] == heads and r["dtype"] == dtype and match(r["case"])]
+    if len(hits) != 1:
+        fail(run.path, lineno, "%d rows of the %s for %s %s in the table above, not 1"
+             % (len(hits), what, heads, dtype))
+    return hits[0]["us"]
+
+
+def parse_attend_mixed_row(run, lineno, c):
+    path = run.path
+    if len(c) != len(ATTEND_MIXED_HEADER):
+        fail(path, lineno, "%d columns where the header has %d (a truncated row?)"
+             % (len(c), len(ATTEND_MIXED_HEADER)))
+    m = SHAPE_HEADS_RE.search(c[0])
+    if not m:
+        fail(path, lineno, "no heads N/M in the shape %r" % c[0])
+    heads = "%s/%s" % (m.group("hq"), m.group("hkv"))
+
+    def opt(text, what):
+        return None if text == "-" else num(path, lineno, text, what)
+    row = {"shape": c[0], "heads": heads, "dtype": c[1],
+           "mixed": num(path, lineno, c[2], "mixed"),
+           "chunk": num(path, lineno, c[3], "chunk alone"),
+           "dec_attend": opt(c[4], "decode alone, kvp_attend"),
+           "dec_decode": opt(c[5], "decode alone, kvp_decode"),
+           "ratio_attend": opt(c[6], "ratio, kvp_attend decode"),
+           "ratio_decode": opt(c[7], "ratio, kvp_decode decode"), "lineno": lineno}
+    if row["dtype"] not in DTYPES:
+        fail(path, lineno, "unknown KV dtype %r" % row["dtype"])
+    # The times are the table's (d) rows, printed the same way; the ratios
+    # follow from them.
+    checks = [("mixed", lambda n: n.startswith(MIXED_PREFIX), "mixed batch"),
+              ("chunk", lambda n: n.startswith(CHUNK_PREFIX), "chunk alone"),
+              ("dec_attend", lambda n: n.startswith(DECODE_PREFIX) and n.endswith(" kvp_attend"),
+               "decode alone through kvp_attend"),
+              ("dec_decode", lambda n: n.startswith(DECODE_PREFIX) and n.endswith(" kvp_decode"),
+               "decode alone through kvp_decode")]
+    for key, match, what in checks:
+        if row[key] is None:
+            continue
+        us = attend_row_us(run, lineno, heads, row["dtype"], match, what)
+        if us != row[key]:
+            fail(path, lineno, "%s %.1f us where the table above has %.1f" % (what, row[key], us))
+    for dec, ratio in (("dec_attend", "ratio_attend"), ("dec_decode", "ratio_decode")):
+        if (row[dec] is None) != (row[ratio] is None):
+            fail(path, lineno, "a decode time without its ratio, or a ratio without its time")
+        if row[dec] is None:
+            continue
+        expect = row["mixed"] / (row["chunk"] + row[dec])
+        if abs(expect - row[ratio]) > 0.0051:
+            fail(path, lineno, "ratio %.2f does not match the times (%.4f)" % (row[ratio], expect))
+    if row["dec_attend"] is None and row["dec_decode"] is None:
+        fail(path, lineno, "no decode alone time")
+    for r in run.mixed:
+        if (r["heads"], r["dtype"]) == (heads, row["dtype"]):
+            fail(path, lineno, "%s %s appears twice (line %d)" % (heads, row["dtype"], r["lineno"]))
+    run.mixed.append(row)
+
+
+# ---------------------------------------------------------------------------
+# bench/compare_torch.py --attend output
+# ---------------------------------------------------------------------------
+
+APEER_INTRO_RE = re.compile(
+    r"^kvp_attend cases \(kvpage-bench --attend\): TFLOP/s = 4 \* HQ \* D \* \(keys visible to "
+    r"every query token, causal\) / time; peak (?P<peak>[\d.]+) TFLOP/s \((?P<peak_what>[^)]+)\)"
+    r"\. .*$")
+APEER_INTRO_PREFIX = "kvp_attend cases (kvpage-bench --attend):"
+APEER_HEADER = ["case", "heads q/kv", "seqs", "query tokens", "implementation", "time (us)",
+                "TFLOP/s", "of peak", "speed-up vs fastest PyTorch",
+                "max rel-L2 (sampled tokens)", "check", "note"]
+APEER_MIXED_HEADER = ["shape", "implementation", "decode alone by", "mixed (us)",
+                      "chunk alone (us)", "decode alone (us)", "ratio"]
+# How kvpage reached kvp_attend (stdout only).
+APEER_VIA_RE = re.compile(r"^kvpage kvp_attend (through the binding's Decoder\.attend|"
+                          r"through ctypes \(the binding has no attend\)|rows: n/a \(.*\))$")
+APEER_NOISE_RE = re.compile(r"^no FlexAttention: .*$")
+APEER_IMPL_RE = re.compile(r"^(torch \S+|kvpage (?P<dtype>\S+)(?P<dec> \(kvp_decode\))?)$")
+APEER_STATUS = ("ok", "n/a", "error", "FAILED check")
+
+
+class AttendPeers:
+    def __init__(self, path):
+        self.path = path
+        self.meta = OrderedDict()
+        self.device = None
+        self.env = []
+        self.via = None
+        self.peak = None
+        self.peak_what = None
+        self.rows = []
+        self.mixed = []
+
+
+def parse_attend_peers(path):
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    p = AttendPeers(path)
+    env, table_env = [], None
+    part = None  # None, "intro", "table", "mixed line", "mixed"
+    started = False
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.rstrip()
+        m = META_RE.match(line)
+        if m and not started:
+            p.meta[m.group("key").lower()] = m.group("value").strip()
+            continue
+        if not line.strip():
+            if part == "table" or part == "mixed":
+                part = "after " + part
+            continue
+        started = True
+        if line.startswith("|"):
+            c = cells(line)
+            if c == PEER_HEADER:
+                fail(path, lineno, "a decode table: compare_torch.py without --attend (or "
+                     "--all); pass decode runs with --peers, --attend runs alone")
+            if part == "intro":
+                if c != APEER_HEADER:
+                    fail(path, lineno, "not compare_torch.py's attend table header: %r" % line)
+                part = "table"
+                continue
+            if part == "mixed line":
+                if c != APEER_MIXED_HEADER:
+                    fail(path, lineno, "not compare_torch.py's mixed batch header: %r" % line)
+                part = "mixed"
+                continue
+            if part not in ("table", "mixed"):
+                fail(path, lineno, "a table row out of place: %r" % line)
+            if all(re.fullmatch(r":?-+:?", x) for x in c):
+                continue
+            if part == "table":
+                parse_attend_peer_row(p, lineno, c)
+            else:
+                parse_attend_peer_mixed_row(p, lineno, c)
+            continue
+        if part in ("table", "mixed"):
+            fail(path, lineno, "a table ends without a blank line: %r" % line)
+        m = APEER_INTRO_RE.match(line)
+        if m:
+            if part is not None:
+                fail(path, lineno, "a second attend table: one compare_torch.py run per file")
+            p.peak = num(path, lineno, m.group("peak"), "peak")
+            p.peak_what = m.group("peak_what")
+            if p.peak <= 0:
+                fail(path, lineno, "peak is not positive")
+            table_env = env
+            part = "intro"
+            continue
+        if line.startswith(APEER_INTRO_PREFIX):
+            fail(path, lineno, "not the attend table's introduction as compare_torch.py "
+                 "prints it: %r" % line)
+        if line == ATTEND_MIXED_LINE and part == "after table":
+            part = "mixed line"
+            continue
+        if (PEER_DEVICE_RE.match(line) or PEER_COPY_RE.match(line) or PEER_TORCH_RE.match(line)
+                or PEER_KVPAGE_RE.match(line)):
+            if part is not None:
+                fail(path, lineno, "an environment line after the table: %r" % line)
+            if PEER_DEVICE_RE.match(line):
+                env = []
+            env.append((lineno, line))
+            continue
+        m = APEER_VIA_RE.match(line)
+        if m and part is None:
+            p.via = line
+            continue
+        if (PEER_NOISE_RE.match(line) or APEER_NOISE_RE.match(line)) and part is None:
+            continue
+        fail(path, lineno, "not compare_torch.py --attend output: %r" % line)
+    if part is None:
+        fail(path, 0, "no compare_torch.py attend table")
+    if not p.rows:
+        fail(path, 0, "an empty compare_torch.py attend table")
+    if part == "mixed line":
+        fail(path, 0, "the mixed batch line without its table (a truncated output?)")
+    for lineno, line in table_env or env:
+        m = PEER_DEVICE_RE.match(line)
+        if m:
+            p.device = m.group("name")
+        if PEER_TORCH_RE.match(line) or PEER_KVPAGE_RE.match(line):
+            p.env.append(line)
+    if p.device is None:
+        fail(path, 0, "no device line above the table")
+    # The printed speed-ups are the fastest PyTorch time of the case over
+    # the row's: a row that disagrees belongs to another table or is garbled.
+    for rs in attend_groups(p.rows).values():
+        torch_us = [r["us"] for r in rs if r["torch"] and r["us"] is not None]
+        for r in rs:
+            if r["speedup"] is None or r["us"] is None:
+                continue
+            if not torch_us:
+                fail(path, r["lineno"], "a speed-up without a PyTorch time to compare with")
+            expect = min(torch_us) / r["us"]
+            if abs(expect - r["speedup"]) > 0.006 + 0.0006 * expect:
+                fail(path, r["lineno"], "speed-up %.2fx does not match the times (%.3fx)"
+                     % (r["speedup"], expect))
+    flops_consistent(path, p.rows, lambda r: (r["case"], r["heads"]), "case")
+    # compare_torch.py prints a mixed batch row per implementation whose
+    # mix, chunk and decoding part all have times (kvpage's also with its
+    # kvp_decode part): a table without them is cut short.
+    expect = set()
+    for heads in set(r["heads"] for r in p.rows):
+        timed = [r for r in p.rows if r["heads"] == heads and r["us"] is not None]
+
+        def has(prefix, impl):
+            return any(r["case"].startswith(prefix) and r["impl"] == impl for r in timed)
+        for r in timed:
+            if not r["case"].startswith(MIXED_PREFIX) or not has(CHUNK_PREFIX, r["impl"]):
+                continue
+            decs = [r["impl"]] + ([r["impl"] + " (kvp_decode)"] if not r["torch"] else [])
+            for dec in decs:
+                if has(DECODE_PREFIX, dec):
+                    expect.add((heads, r["impl"], dec))
+    got = set((m["heads"], m["impl"], m["dec_impl"]) for m in p.mixed)
+    mixed_rows_check(path, got, expect, "output")
+    return p
+
+
+def attend_groups(rows):
+    groups = OrderedDict()
+    for r in rows:
+        groups.setdefault((r["case"], r["heads"]), []).append(r)
+    return groups
+
+
+def parse_attend_peer_row(p, lineno, c):
+    path = p.path
+    if len(c) != len(APEER_HEADER):
+        fail(path, lineno, "%d columns where the header has %d" % (len(c), len(APEER_HEADER)))
+    m = HEADS_RE.match(c[1])
+    if not m:
+        fail(path, lineno, "heads q/kv is not N/M: %r" % c[1])
+    mi = APEER_IMPL_RE.match(c[4])
+    if not mi:
+        fail(path, lineno, "unknown implementation %r" % c[4])
+    if mi.group("dtype") is not None and mi.group("dtype") not in DTYPES:
+        fail(path, lineno, "unknown kvpage dtype in %r" % c[4])
+    row = {"case": c[0], "heads": c[1], "hq": int(m.group("hq")), "hkv": int(m.group("hkv")),
+           "seqs": int(num(path, lineno, c[2], "seqs")),
+           "q_tokens": int(num(path, lineno, c[3], "query tokens")),
+           "impl": c[4], "torch": mi.group("dtype") is None, "dtype": mi.group("dtype"),
+           "via_decode": mi.group("dec") is not None, "check": c[10], "note": c[11],
+           "lineno": lineno}
+    if row["check"] not in APEER_STATUS:
+        fail(path, lineno, "unknown check status %r" % row["check"])
+    timed = [x != "-" for x in (c[5], c[6], c[7])]
+    if any(timed) and not all(timed):
+        fail(path, lineno, "time, TFLOP/s and of peak: some given, some not")
+    if all(timed):
+        if row["check"] != "ok":
+            fail(path, lineno, "a time with check %r" % row["check"])
+        row["us"] = num(path, lineno, c[5], "time")
+        row["tflops"] = num(path, lineno, c[6], "TFLOP/s")
+        row["frac"] = pct(path, lineno, c[7], "of peak")
+        if row["us"] <= 0 or row["tflops"] <= 0:
+            fail(path, lineno, "a time or TFLOP/s that is not positive")
+        attend_pct_check(path, lineno, row["tflops"], row["frac"], p.peak)
+    else:
+        if row["check"] == "ok":
+            fail(path, lineno, "no time and check ok")
+        row["us"] = row["tflops"] = row["frac"] = None
+    row["speedup"] = None if c[8] == "-" else num(path, lineno, c[8].rstrip("x"), "speed-up")
+    row["err"] = None if c[9] == "-" else num(path, lineno, c[9], "max rel-L2")
+    for r in p.rows:
+        if (r["case"], r["heads"], r["impl"]) == (row["case"], row["heads"], row["impl"]):
+            fail(path, lineno, "%s %s %s appears twice (line %d)"
+                 % (row["case"], row["heads"], row["impl"], r["lineno"]))
+    p.rows.append(row)
+
+
+def parse_attend_peer_mixed_row(p, lineno, c):
+    path = p.path
+    if len(c) != len(APEER_MIXED_HEADER):
+        fail(path, lineno, "%d columns where the header has %d"
+             % (len(c), len(APEER_MIXED_HEADER)))
+    m = SHAPE_HEADS_RE.search(c[0])
+    if not m:
+        fail(path, lineno, "no heads N/M in the shape %r" % c[0])
+    heads = "%s/%s" % (m.group("hq"), m.group("hkv"))
+    row = {"shape": c[0], "heads": heads, "impl": c[1], "dec_impl": c[2],
+           "mixed": num(path, lineno, c[3], "mixed"), "chunk": num(path, lineno, c[4], "chunk"),
+           "dec": num(path, lineno, c[5], "decode alone"),
+           "ratio": num(path, lineno, c[6], "ratio"),
+           "lineno": lineno}
+    for key, prefix, impl in (("mixed", MIXED_PREFIX, c[1]), ("chunk", CHUNK_PREFIX, c[1]),
+                              ("dec", DECODE_PREFIX, c[2])):
+        hits = [r for r in p.rows if r["heads"] == heads and r["impl"] == impl
+                and r["case"].startswith(prefix) and r["us"] is not None]
+        if len(hits) != 1:
+            fail(path, lineno, "%d timed rows of %r for %s %s in the table above, not 1"
+                 % (len(hits), prefix.strip(), heads, impl))
+        if abs(hits[0]["us"] - row[key]) > 0.051:
+            fail(path, lineno, "%.1f us where the table above has %.1f (line %d)"
+                 % (row[key], hits[0]["us"], hits[0]["lineno"]))
+    expect = row["mixed"] / (row["chunk"] + row["dec"])
+    if abs(expect - row["ratio"]) > 0.0051:
+        fail(path, lineno, "ratio %.2f does not match the times (%.4f)" % (row["ratio"], expect))
+    p.mixed.append(row)
 
 
 # ---------------------------------------------------------------------------
@@ -574,6 +1119,155 @@ def peers_section(p, out):
         out.append("")
 
 
+def attend_section(device, run, peers, out):
+    """kvp_attend: a kvpage-bench --attend run and a compare_torch.py --attend
+    run of one device (either may be None)."""
+    out.append("### Attention over query chunks (kvp_attend)")
+    out.append("")
+    if run is not None:
+        attend_run_part(run, out)
+    if peers is not None:
+        attend_peers_part(peers, out)
+
+
+def attend_run_part(r, out):
+    desc = []
+    if "date" in r.meta:
+        desc.append("measured %s" % r.meta["date"])
+    else:
+        desc.append("date not recorded in %s" % r.path)
+    if "build" in r.meta:
+        desc.append("build %s" % r.meta["build"])
+    if r.version:
+        desc.append("kvpage %s" % r.version)
+    out.append("- `kvpage-bench --attend`, %s; %d SMs, L2 %d MiB; raw output: [%s](%s)." % (
+        ", ".join(desc), r.sms, r.l2_mib, r.path.split("/")[-1], rel_link(r.path)))
+    if r.build_info:
+        out.append("  Build: `%s`." % r.build_info)
+    if "command" in r.meta:
+        out.append("  Command: `%s`." % r.meta["command"])
+    if r.linear_blocks:
+        out.append("  **Block tables: each sequence's blocks adjacent** "
+                   "(`KVPAGE_BENCH_BLOCK_ORDER=linear`), not a shuffled pool.")
+    if r.precise:
+        out.append("  **Decoders in precise mode** (`--precise`).")
+    if "note" in r.meta:
+        out.append("")
+        out.append("> %s" % r.meta["note"])
+    out.append("")
+    out.append("TFLOP/s: 4 x query heads x head size x the keys visible to each query token "
+               "(causal: the token at position p sees p + 1 keys), summed over the call's query "
+               "tokens, over the call's time; the peak they are set against is %.0f TFLOP/s "
+               "(%s), for every KV dtype." % (r.peak, r.peak_what))
+    out.append("")
+    dts = [d for d in DTYPES if any(x["dtype"] == d for x in r.rows)]
+    out.append("Time per call (us) and, in brackets, TFLOP/s:")
+    out.append("")
+    out.append("| case | heads q/kv | " + " | ".join(d.upper() for d in dts) + " |")
+    out.append("| --- | --- | " + " | ".join("---" for _ in dts) + " |")
+    for (case, heads), rows in attend_groups(r.rows).items():
+        by = {x["dtype"]: x for x in rows}
+        c = ["%s (%.1f)" % (fmt_us(by[d]["us"]), by[d]["tflops"]) if d in by else "—"
+             for d in dts]
+        out.append("| %s | %s | %s |" % (case, heads, " | ".join(c)))
+    out.append("")
+    if r.mixed:
+        out.append("Mixed batch (d): the 2048-token chunk and the 255 decoding sequences in one "
+                   "`kvp_attend` call, against the chunk alone plus the decoding sequences alone, "
+                   "these through `kvp_attend` or through `kvp_decode`; ratio = time(mixed) / "
+                   "(time(chunk alone) + time(decode alone)), below 1: the mix costs less than "
+                   "its parts run one after the other. Times in us:")
+        out.append("")
+        out.append("| heads q/kv | KV | mixed | chunk alone | decode alone, kvp_attend | "
+                   "decode alone, kvp_decode | ratio, kvp_attend decode | "
+                   "ratio, kvp_decode decode |")
+        out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
+
+        def opt(v, f):
+            return "—" if v is None else f % v
+        for m in r.mixed:
+            out.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                m["heads"], m["dtype"], fmt_us(m["mixed"]), fmt_us(m["chunk"]),
+                opt(m["dec_attend"], "%.1f"), opt(m["dec_decode"], "%.1f"),
+                opt(m["ratio_attend"], "%.2f"), opt(m["ratio_decode"], "%.2f")))
+        out.append("")
+
+
+def attend_peers_part(p, out):
+    out.append("#### Against PyTorch (kvp_attend)")
+    out.append("")
+    desc = []
+    if "date" in p.meta:
+        desc.append("measured %s" % p.meta["date"])
+    if "build" in p.meta:
+        desc.append("build %s" % p.meta["build"])
+    out.append("`bench/compare_torch.py --attend`%s; raw output: [%s](%s)." % (
+        ", " + ", ".join(desc) if desc else "", p.path.split("/")[-1], rel_link(p.path)))
+    if "command" in p.meta:
+        out.append("Command: `%s`." % p.meta["command"])
+    for e in p.env:
+        out.append("`%s`." % e)
+    if p.via:
+        out.append("`%s`." % p.via)
+    if "note" in p.meta:
+        out.append("")
+        out.append("> %s" % p.meta["note"])
+    out.append("")
+    paths = []
+    for r in p.rows:
+        if r["torch"] and r["impl"][len("torch "):] not in paths:
+            paths.append(r["impl"][len("torch "):])
+    out.append("PyTorch (%s) runs SDPA over dense, contiguous BF16 K/V, each group of sequences "
+               "with equal (query tokens, context) as one dense batch timed on its own, and a "
+               "mix's time is the sum of its groups'; kvpage runs one `kvp_attend` call over the "
+               "whole batch and its paged cache (blocks shuffled in the pool). Each output is "
+               "checked on sampled query tokens against float64 attention before it is timed. "
+               "Times are single calls after a GPU spin (no graph), for both; kvpage's graph "
+               "times are in the table above. TFLOP/s as above (peak %.0f TFLOP/s); the ratio is "
+               "kvpage's TFLOP/s over the fastest PyTorch path's, which is the PyTorch time "
+               "over kvpage's: above 1, kvpage is faster; below 1, PyTorch is."
+               % (", ".join(paths) if paths else "no path", p.peak))
+    out.append("")
+    dts = [d for d in DTYPES if any(r["dtype"] == d for r in p.rows)]
+    head = ["case", "heads q/kv", "fastest PyTorch, TFLOP/s"]
+    for d in dts:
+        head += ["kvpage %s, TFLOP/s" % d.upper(), "kvpage %s / PyTorch" % d.upper()]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + " --- |" * len(head))
+    failed = []
+    for (case, heads), rs in attend_groups(p.rows).items():
+        torch_rows = [r for r in rs if r["torch"] and r["us"] is not None]
+        fastest = min(torch_rows, key=lambda r: r["us"]) if torch_rows else None
+        first = ("%.1f (%s)" % (fastest["tflops"], fastest["impl"][len("torch "):])
+                 if fastest else "—")
+        for via_decode in (False, True):
+            ks = [r for r in rs if not r["torch"] and r["via_decode"] == via_decode]
+            if not ks:
+                continue
+            c = [case + (", through kvp_decode" if via_decode else ""), heads, first]
+            for d in dts:
+                k = next((r for r in ks if r["dtype"] == d), None)
+                if k is not None and k["check"] != "ok":
+                    failed.append("%s %s %s: %s" % (case, heads, k["impl"], k["check"]))
+                if k is None or k["us"] is None:
+                    c += ["—", "—"]
+                    continue
+                c += ["%.1f" % k["tflops"],
+                      "%.2fx" % (fastest["us"] / k["us"]) if fastest else "—"]
+            out.append("| " + " | ".join(c) + " |")
+    out.append("")
+    na = sorted({r["impl"][len("torch "):] + ": " + r["check"]
+                 + (" (%s)" % r["note"] if r["note"] else "")
+                 for r in p.rows if r["torch"] and r["us"] is None})
+    if na:
+        out.append("PyTorch paths that could not run a case: " + "; ".join(na) + ".")
+        out.append("")
+    if failed:
+        out.append("**kvpage rows that failed their accuracy check or did not run:** "
+                   + "; ".join(failed) + ".")
+        out.append("")
+
+
 def rel_link(path):
     # The page lives in docs/; inputs usually in docs/perf/.
     p = path.replace("\\", "/")
@@ -625,7 +1319,9 @@ sequence 8192 tokens, head size 128, B sequences. "MHA 32/32 T=4096":
 heads at 8192 tokens. "ragged 32/8 log-uniform 16..32768": 256 sequences
 whose lengths are drawn log-uniformly from 16 to 32768 tokens (a fixed
 draw, the same in every run).
+"""
 
+METHOD_REPRODUCE = """\
 **Reproduce.** On a GPU machine, from the repository root:
 
 ```sh
@@ -638,7 +1334,13 @@ KVPAGE_LIBRARY=.gpu/libkvpage.so PYTHONPATH=bindings/python \\
   python3 bench/compare_torch.py --out out/compare_torch
 { echo "# date: $(date -u +%F)"; echo "# build: $(git rev-parse --short HEAD)"
   cat out/compare_torch/compare_torch.md; } > docs/perf/h100-compare-torch.txt
+"""
+
+METHOD_PAGE = """\
 python3 scripts/perf_page.py docs/perf/h100-kvpage-bench.txt \\
+"""
+
+METHOD_PAGE_END = """\
   --peers docs/perf/h100-compare-torch.txt -o docs/PERFORMANCE.md
 ```
 
@@ -650,17 +1352,88 @@ between runs of one build on one machine and by up to 3% between machines
 of the same kind: compare builds only within one device call.
 """
 
+ATTEND_METHOD = """\
+**Attention over query chunks.** `kvpage-bench --attend` (`--all`: after
+the decode cases) times `kvp_attend` with BF16 queries and outputs over a
+cache of block size 16 and head size 128 whose K and V have the same
+dtype, for GQA 32/8 and 8/1 (query / KV heads), causal: a sequence's query
+tokens are the last of its context, and each sees the keys up to its own
+position. The cases: (a) prefill from an empty cache, 8 sequences whose
+4096 query tokens are their whole context; (b) one 2048-token chunk over
+an 8192- and over a 32768-token context; (c) 16 sequences, each a
+256-token chunk over 4096; (d) one 2048-token chunk over 8192 and 255
+decoding sequences (one query token over 8192 each) in one call, then the
+chunk alone, and the 255 decoding sequences alone through `kvp_attend` and
+through `kvp_decode`; (e) short chunks: 4 sequences of 16 and of 64 query
+tokens over 8192, and one of 16 over 32768. One decoder per case, sized to
+it; K/V (random normal, written with `kvp_cache_write`, not timed) and q
+are the same for every KV dtype, and each sequence's blocks come from a
+shuffled pool. **time (us)** is a call's share of a CUDA graph replay, as
+for the decode (layers spanning > 4x the L2, or one layer where it alone
+does; fewer samples, at least 5, where a call is long). Every output
+element must come back finite, or the run fails (exit status 1).
+"""
 
-def render(runs, peers):
+ATTEND_REPRODUCE = """\
+# attention over query chunks (kvp_attend), and against PyTorch:
+{ echo "# date: $(date -u +%F)"; echo "# build: $(git rev-parse --short HEAD)"
+  echo "# command: LD_LIBRARY_PATH=.gpu .gpu/kvpage-bench --attend"
+  LD_LIBRARY_PATH=.gpu .gpu/kvpage-bench --attend; } > docs/perf/h100-kvpage-attend.txt
+KVPAGE_LIBRARY=.gpu/libkvpage.so PYTHONPATH=bindings/python \\
+  python3 bench/compare_torch.py --attend --dtypes bf16 --skip flex --out out/compare_torch
+{ echo "# date: $(date -u +%F)"; echo "# build: $(git rev-parse --short HEAD)"
+  cat out/compare_torch/compare_torch_attend.md; } > docs/perf/h100-compare-torch-attend.txt
+"""
+
+ATTEND_PAGE = """\
+  --attend docs/perf/h100-kvpage-attend.txt \\
+  --attend-peers docs/perf/h100-compare-torch-attend.txt \\
+"""
+
+
+def method_text(attend):
+    """The method section; its attend parts only where the page has attend
+    sections, so that a page without them is what it was before them."""
+    parts = [METHOD, "\n"]
+    if attend:
+        parts += [ATTEND_METHOD, "\n"]
+    parts.append(METHOD_REPRODUCE)
+    if attend:
+        parts.append(ATTEND_REPRODUCE)
+    parts.append(METHOD_PAGE)
+    if attend:
+        parts.append(ATTEND_PAGE)
+    parts.append(METHOD_PAGE_END)
+    return "".join(parts)
+
+
+def one_per_device(items, what):
+    by = OrderedDict()
+    for x in items:
+        if x.device in by:
+            raise ParseError("%s and %s: two %s for %s; pass one"
+                             % (by[x.device].path, x.path, what, x.device))
+        by[x.device] = x
+    return by
+
+
+def render(runs, peers, attend_runs=(), attend_peers=()):
     out = ["# Performance", ""]
     out.append("<!-- Generated by scripts/perf_page.py from %s; do not edit by hand. -->"
-               % ", ".join(r.path for r in runs + peers))
+               % ", ".join(r.path for r in list(runs) + list(peers) + list(attend_runs)
+                           + list(attend_peers)))
     out.append("")
     out.append("What kvpage's CUDA decode and cache write measure today: the numbers of the "
                "latest `kvpage-bench` run on each device, with the method below. How the "
                "kernels got here, and what was tried and not kept: [archive.md](archive.md). "
                "Which kernel runs where, and why: [DESIGN.md](DESIGN.md).")
     out.append("")
+    attend = attend_runs or attend_peers
+    if attend:
+        out.append("Attention over query chunks (`kvp_attend`: prefill, chunked prefill, a chunk "
+                   "batched with decoding sequences, short chunks) has a section of its own per "
+                   "device, in time and TFLOP/s.")
+        out.append("")
     by_device = OrderedDict()
     precise_by_device = OrderedDict()
     for r in runs:
@@ -668,7 +1441,13 @@ def render(runs, peers):
     peers_by_device = OrderedDict()
     for p in peers:
         peers_by_device.setdefault(p.device, []).append(p)
-    for device in list(by_device) + [d for d in peers_by_device if d not in by_device]:
+    attend_by_device = one_per_device(attend_runs, "--attend runs")
+    attend_peers_by_device = one_per_device(attend_peers, "--attend-peers outputs")
+    devices = list(by_device) + [d for d in peers_by_device if d not in by_device]
+    for d in list(attend_by_device) + list(attend_peers_by_device):
+        if d not in devices:
+            devices.append(d)
+    for device in devices:
         if device in by_device:
             dup = {}
             for r in by_device[device]:
@@ -686,7 +1465,10 @@ def render(runs, peers):
             out.append("")
         for p in peers_by_device.get(device, []):
             peers_section(p, out)
-    out.append(METHOD)
+        if device in attend_by_device or device in attend_peers_by_device:
+            attend_section(device, attend_by_device.get(device),
+                           attend_peers_by_device.get(device), out)
+    out.append(method_text(bool(attend)))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -695,12 +1477,19 @@ def main(argv):
     ap.add_argument("runs", nargs="+", help="raw kvpage-bench output files (text or --csv)")
     ap.add_argument("--peers", action="append", default=[],
                     help="bench/compare_torch.py output (stdout or compare_torch.md)")
+    ap.add_argument("--attend", action="append", default=[], metavar="ATTEND_RUN",
+                    help="raw kvpage-bench --attend output (text), one per device")
+    ap.add_argument("--attend-peers", action="append", default=[], metavar="COMPARE",
+                    help="bench/compare_torch.py --attend output (stdout or "
+                    "compare_torch_attend.md), one per device")
     ap.add_argument("-o", "--output", help="write the page here instead of stdout")
     args = ap.parse_args(argv)
     try:
         runs = [parse_bench(p) for p in args.runs]
         peers = [parse_peers(p) for p in args.peers]
-        page = render(runs, peers)
+        attend_runs = [parse_attend(p) for p in args.attend]
+        attend_peers = [parse_attend_peers(p) for p in args.attend_peers]
+        page = render(runs, peers, attend_runs, attend_peers)
     except (ParseError, OSError, UnicodeDecodeError) as e:
         print("perf_page.py: %s" % e, file=sys.stderr)
         return 1
