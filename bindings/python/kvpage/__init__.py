@@ -3,8 +3,9 @@
 
 Pure ctypes, standard library only; torch tensors are accepted where torch
 is installed (``data_ptr()``, dtype and device checked, torch's current
-CUDA stream used by default), plain buffers (array.array, memoryview,
-numpy) otherwise.
+CUDA stream used by default), and so are objects with
+``__cuda_array_interface__``, ``__array_interface__`` (numpy) or
+``__dlpack__``, and plain buffers (array.array, memoryview).
 
     import kvpage, torch
     cache = kvpage.Cache(num_blocks=1024, num_kv_heads=8, head_size=128,
@@ -17,8 +18,9 @@ numpy) otherwise.
     out = dec(q, torch.tensor(table, device="cuda").view(1, -1),
               torch.tensor(lens, device="cuda"))
 
-The library is found through KVPAGE_LIBRARY, else next to this package,
-else the system loader; its ABI is checked through kvp_get_api.
+The library is found through KVPAGE_LIBRARY, else next to this package
+(where a wheel puts it, with the shared libraries it needs), else the system
+loader; its ABI is checked through kvp_get_api.
 """
 
 from ._lib import (ABI_MAJOR, ABI_MINOR, DType, DeviceKind, ErrorCode, KvpError,

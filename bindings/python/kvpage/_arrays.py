@@ -7,8 +7,13 @@ An argument that names memory may be:
   dtype, shape, strides and device are checked against what the call needs;
 * an object with ``__cuda_array_interface__`` (CuPy, Numba, ...): device
   memory of a CUDA cache;
-* any object with the buffer protocol (array.array, bytearray, memoryview,
-  numpy arrays, ...): host memory of a CPU cache; C-contiguous;
+* an object with ``__array_interface__`` (numpy, ...): host memory, strides
+  checked as for a tensor;
+* an object with ``__dlpack__`` (DLPack: JAX, CuPy, numpy, ...): CPU or CUDA
+  memory, read from the capsule through ctypes (the capsule is borrowed for
+  the call, never consumed: its producer frees it);
+* any other object with the buffer protocol (array.array, bytearray,
+  memoryview, ...): host memory of a CPU cache; C-contiguous;
 * a list or tuple of ints (or an array.array), for index arrays only (slot
   mappings, sequence lengths, block tables, block pairs): copied into a
   temporary array in the cache's memory space (through torch for a CUDA
@@ -22,6 +27,7 @@ import array
 import ctypes
 import operator
 import sys
+from typing import Any, Optional, Tuple, Union
 
 from ._lib import DType, DeviceKind, invalid
 
@@ -29,6 +35,21 @@ F32, F16, BF16, I32, I64, U8 = "f32", "f16", "bf16", "i32", "i64", "u8"
 _ITEMSIZE = {F32: 4, F16: 2, BF16: 2, I32: 4, I64: 8, U8: 1}
 DTYPE_TAG = {DType.FP32: F32, DType.FP16: F16, DType.BF16: BF16}
 TAG_DTYPE = {F32: DType.FP32, F16: DType.FP16, BF16: DType.BF16}
+
+# Annotation aliases of the public API. Any where torch types belong, so that
+# type-checking needs no torch.
+ArrayLike = Any
+"""Memory: a torch.Tensor, an object with __cuda_array_interface__,
+__array_interface__ or __dlpack__, a buffer (array.array, memoryview), or a Ptr."""
+IndexArrayLike = Any
+"""An index array: an ArrayLike of int32/int64, or a (nested) list of ints."""
+DTypeLike = Union[DType, int, str, Any]
+"""A kvpage.DType, its number, a name ("bf16", "int8", ...) or a torch dtype."""
+DeviceLike = Union[str, DeviceKind, Tuple[int, int], Any]
+""""cpu", "cuda", "cuda:N", a DeviceKind, (kind, ordinal) or a torch.device."""
+StreamLike = Any
+"""None (torch's current stream), a cudaStream_t as int, or an object with
+.cuda_stream (torch.cuda.Stream), .ptr (CuPy) or .handle."""
 
 
 def torch_module():
@@ -71,14 +92,19 @@ class Ptr(object):
     needed (a decoder's workspace).
     """
 
-    def __init__(self, address, dtype=None, nbytes=None):
+    address: int
+    dtype: Optional[str]
+    nbytes: Optional[int]
+
+    def __init__(self, address: int, dtype: Optional[Union[str, DType]] = None,
+                 nbytes: Optional[int] = None) -> None:
         self.address = int(address)
         if isinstance(dtype, DType):
             dtype = DTYPE_TAG.get(dtype)
         self.dtype = dtype
         self.nbytes = nbytes
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Ptr(0x%x, dtype=%r, nbytes=%r)" % (self.address, self.dtype, self.nbytes)
 
 
@@ -117,8 +143,9 @@ def _buffer_arg(obj, name, writable):
         mv = memoryview(obj)
     except TypeError:
         raise invalid("%s: unsupported type %s (expected a torch.Tensor, an object "
-                      "with __cuda_array_interface__, a buffer such as array.array, "
-                      "or kvpage.Ptr)" % (name, type(obj).__name__))
+                      "with __cuda_array_interface__, __array_interface__ or __dlpack__, "
+                      "a buffer such as array.array, or kvpage.Ptr)"
+                      % (name, type(obj).__name__))
     if not mv.c_contiguous:
         raise invalid("%s: buffer is not C-contiguous" % name)
     fmt = mv.format.lstrip("@=<")
@@ -155,29 +182,211 @@ def _buffer_arg(obj, name, writable):
     return Arg(ptr, tag, shape, tuple(reversed(strides)), ("cpu", 0), keep, obj=obj)
 
 
-def _cai_arg(obj, name):
-    cai = obj.__cuda_array_interface__
-    typestr = cai["typestr"]
-    tag = {"<f4": F32, "<f2": F16, "<i4": I32, "<i8": I64, "|u1": U8, "<u2": "raw16",
-           "<i2": "raw16"}.get(typestr)
+def _dense_strides(shape):
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+# Array-interface typestrs ('<f4', '|u1', ...) kvpage takes; 16-bit integers
+# are 16-bit patterns (FP16/BF16 named by the call), as for buffers.
+_TYPESTR_TAGS = {"f4": F32, "f2": F16, "i4": I32, "i8": I64, "u1": U8, "u2": "raw16",
+                 "i2": "raw16"}
+
+
+def _typestr_tag(typestr):
+    if not isinstance(typestr, str) or len(typestr) < 3:
+        return None
+    order = typestr[0]
+    if order == ">" or (order == "=" and sys.byteorder != "little"):
+        return None  # big-endian data
+    if order == "|" and typestr[2:] != "1":
+        return None
+    return _TYPESTR_TAGS.get(typestr[1:])
+
+
+def _byte_strides(strides, item, name):
+    """Element strides from byte strides (non-negative multiples of item)."""
+    out = []
+    for s in strides:
+        s = int(s)
+        if s < 0 or s % item:
+            raise invalid("%s: strides %r (bytes) are not non-negative multiples of the "
+                          "element size %d" % (name, list(strides), item))
+        out.append(s // item)
+    return tuple(out)
+
+
+def _interface_arg(obj, iface, name, writable, device, what):
+    """An Arg from an __array_interface__ / __cuda_array_interface__ dict, or
+    None where the dict names no pointer (data in the object's buffer)."""
+    try:
+        typestr = iface["typestr"]
+        shape = tuple(int(d) for d in iface["shape"])
+        data = iface.get("data")
+    except (KeyError, TypeError, ValueError) as e:
+        raise invalid("%s: malformed %s (%s)" % (name, what, e))
+    tag = _typestr_tag(typestr)
     if tag is None:
-        raise invalid("%s: __cuda_array_interface__ typestr %r is not one kvpage takes"
-                      % (name, typestr))
-    shape = tuple(cai["shape"]) or (1,)
-    item = 1 if tag == U8 else (2 if tag in (F16, "raw16") else (8 if tag == I64 else 4))
-    if cai.get("strides") is None:
-        strides, acc = [], 1
-        for s in reversed(shape):
-            strides.append(acc)
-            acc *= s
-        strides = tuple(reversed(strides))
+        raise invalid("%s: %s typestr %r is not one kvpage takes (float32 '<f4', "
+                      "float16 '<f2', 16-bit patterns '<u2', int32 '<i4', int64 '<i8', "
+                      "bytes '|u1')" % (name, what, typestr))
+    if iface.get("mask") is not None:
+        raise invalid("%s: masked arrays are not supported" % name)
+    if not isinstance(data, tuple) or len(data) != 2:
+        return None
+    ptr, readonly = data
+    if writable and readonly:
+        raise invalid("%s is read-only" % name)
+    item = 2 if tag == "raw16" else _ITEMSIZE[tag]
+    shape = shape or (1,)
+    if iface.get("strides") is None:
+        strides = _dense_strides(shape)
     else:
-        if any(s % item for s in cai["strides"]):
-            raise invalid("%s: strides %r are not multiples of the element size"
-                          % (name, cai["strides"]))
-        strides = tuple(s // item for s in cai["strides"])
-    ptr, readonly = cai["data"]
-    return Arg(int(ptr or 0), tag, shape, strides, ("cuda", None), [obj], obj=obj)
+        strides = _byte_strides(iface["strides"], item, name) or (1,)
+    return Arg(int(ptr or 0), tag, shape, strides, device, [obj], obj=obj)
+
+
+def _cai_arg(obj, name, writable=False):
+    a = _interface_arg(obj, obj.__cuda_array_interface__, name, writable, ("cuda", None),
+                       "__cuda_array_interface__")
+    if a is None:
+        raise invalid("%s: __cuda_array_interface__ without a data pointer" % name)
+    return a
+
+
+def _array_interface_arg(obj, name, writable=False):
+    a = _interface_arg(obj, obj.__array_interface__, name, writable, ("cpu", 0),
+                       "__array_interface__")
+    return a if a is not None else _buffer_arg(obj, name, writable)
+
+
+# DLPack (dlpack.h): the structs of a capsule's DLManagedTensor[Versioned].
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64),
+                ("dl_tensor", _DLTensor)]
+
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_FLAG_READ_ONLY = 1
+# (type code, bits) -> tag; codes: 0 int, 1 uint, 2 float, 4 bfloat.
+_DL_TAGS = {(2, 32): F32, (2, 16): F16, (4, 16): BF16, (0, 32): I32, (0, 64): I64,
+            (1, 8): U8, (0, 16): "raw16", (1, 16): "raw16"}
+
+_capsule_api = None
+
+
+def _capsule_functions():
+    """PyCapsule_IsValid / PyCapsule_GetPointer as private ctypes functions
+    (None where the interpreter has no C API to reach, e.g. PyPy)."""
+    global _capsule_api
+    if _capsule_api is None:
+        try:
+            api = ctypes.pythonapi
+            is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+                ("PyCapsule_IsValid", api))
+            get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+                ("PyCapsule_GetPointer", api))
+            _capsule_api = (is_valid, get_pointer)
+        except (AttributeError, OSError):
+            _capsule_api = ()
+    return _capsule_api or None
+
+
+def _dlpack_arg(obj, name, writable=False):
+    """An Arg over the DLTensor of obj.__dlpack__(): the capsule is kept alive
+    for the call and left unconsumed, so its producer releases it."""
+    funcs = _capsule_functions()
+    if funcs is None:
+        t = torch_module()
+        if t is None:
+            raise invalid("%s: DLPack needs CPython's C API or torch" % name)
+        return _tensor_arg(t.from_dlpack(obj), name)
+    is_valid, get_pointer = funcs
+    try:
+        try:
+            capsule = obj.__dlpack__(max_version=(1, 0))
+        except TypeError:  # a producer of DLPack < 1.0: no max_version
+            capsule = obj.__dlpack__()
+    except BufferError as e:
+        raise invalid("%s: __dlpack__ failed: %s" % (name, e))
+    readonly = False
+    if is_valid(capsule, b"dltensor_versioned"):
+        m = _DLManagedTensorVersioned.from_address(get_pointer(capsule, b"dltensor_versioned"))
+        if m.version.major != 1:
+            raise invalid("%s: DLPack version %d.%d is not 1.x"
+                          % (name, m.version.major, m.version.minor))
+        readonly = bool(m.flags & _DL_FLAG_READ_ONLY)
+        t = m.dl_tensor
+    elif is_valid(capsule, b"dltensor"):
+        t = _DLManagedTensor.from_address(get_pointer(capsule, b"dltensor")).dl_tensor
+    else:
+        raise invalid("%s: __dlpack__() returned %s, not an unused DLPack capsule"
+                      % (name, type(capsule).__name__))
+    if writable and readonly:
+        raise invalid("%s is read-only (DLPack flag)" % name)
+    dtype = t.dtype
+    if dtype.lanes != 1:
+        raise invalid("%s: DLPack dtype with %d lanes" % (name, dtype.lanes))
+    tag = _DL_TAGS.get((dtype.code, dtype.bits))
+    if tag is None:
+        raise invalid("%s: DLPack dtype (code %d, %d bits) is not one kvpage takes (float32, "
+                      "float16, bfloat16, int32, int64, uint8, 16-bit patterns)"
+                      % (name, dtype.code, dtype.bits))
+    dev = t.device
+    if dev.device_type in (_DL_CPU, _DL_CUDA_HOST):
+        device = ("cpu", 0)
+    elif dev.device_type in (_DL_CUDA, _DL_CUDA_MANAGED):
+        device = ("cuda", int(dev.device_id))
+    else:
+        raise invalid("%s: DLPack device type %d is neither CPU nor CUDA"
+                      % (name, dev.device_type))
+    ndim = int(t.ndim)
+    if ndim < 0 or (ndim and not t.shape):
+        raise invalid("%s: malformed DLTensor (ndim %d)" % (name, ndim))
+    shape = tuple(int(t.shape[i]) for i in range(ndim))
+    if t.strides and ndim:
+        strides = tuple(int(t.strides[i]) for i in range(ndim))
+        if any(s < 0 for s in strides):
+            raise invalid("%s: negative strides %r are not supported" % (name, list(strides)))
+    else:
+        strides = _dense_strides(shape)
+    ptr = (t.data or 0) + int(t.byte_offset)
+    return Arg(ptr, tag, shape or (1,), strides or (1,), device, [obj, capsule], obj=obj)
 
 
 def _tensor_arg(t, name):
@@ -192,7 +401,8 @@ def _tensor_arg(t, name):
 
 
 def adapt(obj, name, writable=False):
-    """An Arg for obj (tensor, CUDA array, buffer or Ptr); no checks yet."""
+    """An Arg for obj (tensor, CUDA or host array interface, DLPack, buffer or
+    Ptr); no checks yet. Read-only memory is refused where ``writable``."""
     if isinstance(obj, Arg):
         return obj
     if isinstance(obj, Ptr):
@@ -200,7 +410,11 @@ def adapt(obj, name, writable=False):
     if _is_tensor(obj):
         return _tensor_arg(obj, name)
     if hasattr(obj, "__cuda_array_interface__"):
-        return _cai_arg(obj, name)
+        return _cai_arg(obj, name, writable)
+    if hasattr(obj, "__array_interface__"):
+        return _array_interface_arg(obj, name, writable)
+    if hasattr(obj, "__dlpack__"):
+        return _dlpack_arg(obj, name, writable)
     return _buffer_arg(obj, name, writable)
 
 
@@ -265,14 +479,6 @@ def _nested_shape(obj):
     return tuple(shape) or (0,)
 
 
-def _dense_strides(shape):
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= s
-    return tuple(reversed(strides))
-
-
 def check_tag(a, name, tags):
     """The element type must be one of tags ('raw16' matches F16 and BF16)."""
     if not a.checked:
@@ -293,7 +499,9 @@ def check_device(a, name, cache):
     kind, ordinal = a.device
     if cache.device_kind == DeviceKind.CPU:
         if kind != "cpu":
-            raise invalid("%s is on %s:%s, but the cache is a CPU cache" % (name, kind, ordinal))
+            where = kind if ordinal is None else "%s:%s" % (kind, ordinal)
+            raise invalid("%s is device memory (%s), but the cache is a CPU cache"
+                          % (name, where))
     else:
         if kind != "cuda":
             raise invalid("%s is in host memory, but the cache is on cuda:%d" %
@@ -441,11 +649,15 @@ def stream_handle(stream, cache):
 
 def new_like(template, shape, tag, cache):
     """A new output array: a torch tensor when template is one (same device),
-    else host memory (array.array('f') for FP32, array.array('H') of 16-bit
-    patterns for FP16 and BF16)."""
+    a numpy array when it is one (uint16 bit patterns for BF16), else host
+    memory (array.array('f') for FP32, array.array('H') of 16-bit patterns for
+    FP16 and BF16)."""
     if _is_tensor(template):
         t = torch_module()
         return t.empty(shape, dtype=_torch_dtype(tag), device=template.device)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(template, np.ndarray) and cache.device_kind == DeviceKind.CPU:
+        return np.empty(shape, dtype={F32: "float32", F16: "float16", BF16: "uint16"}[tag])
     n = 1
     for s in shape:
         n *= s

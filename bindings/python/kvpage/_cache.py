@@ -2,13 +2,15 @@
 """Pythonic objects over the C API: Cache, Sequence, Decoder."""
 
 import array
-import collections
 import ctypes
 import sys
 import threading
 import weakref
+from typing import (Any, Dict, Iterable, List, Literal, NamedTuple, Optional, Protocol, Tuple,
+                    Union)
 
 from . import _arrays as A
+from ._arrays import ArrayLike, DeviceLike, DTypeLike, IndexArrayLike, StreamLike
 from ._lib import (AttendArgs, CacheConfig, CacheInfo, DecodeArgs, DecodeConfig, DeviceKind, DType,
                    LayerLayout, WriteArgs, WriteStats, Allocator, ALLOC_FN, FREE_FN,
                    OutOfMemoryError, invalid, library)
@@ -17,15 +19,65 @@ from ._lib import (AttendArgs, CacheConfig, CacheInfo, DecodeArgs, DecodeConfig,
 # Small value types
 # ---------------------------------------------------------------------------
 
-CacheInfoTuple = collections.namedtuple("CacheInfo", [
-    "device_kind", "device_ordinal", "num_layers", "num_blocks", "block_size",
-    "num_kv_heads", "head_size", "k_dtype", "v_dtype", "has_key_smoothing",
-    "bytes_per_token_per_layer", "total_bytes"])
+class CacheInfoTuple(NamedTuple):
+    """kvp_cache_info (dtypes and device kind as their numbers)."""
 
-WriteStatsTuple = collections.namedtuple("WriteStats", ["non_finite", "saturated"])
+    device_kind: int
+    device_ordinal: int
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    k_dtype: int
+    v_dtype: int
+    has_key_smoothing: int
+    bytes_per_token_per_layer: int
+    total_bytes: int
 
-_LAYOUT_FIELDS = [f for f, _ in LayerLayout._fields_ if f != "struct_size"]
-LayerLayoutTuple = collections.namedtuple("LayerLayout", _LAYOUT_FIELDS)
+
+class WriteStatsTuple(NamedTuple):
+    """kvp_write_stats: values written as non-finite, and saturated."""
+
+    non_finite: int
+    saturated: int
+
+
+class LayerLayoutTuple(NamedTuple):
+    """kvp_layer_layout: pointers as ints (0 for none), strides in bytes.
+    One field per LayerLayout field but struct_size (a test checks it)."""
+
+    k_data: int
+    v_data: int
+    k_scales: int
+    v_scales: int
+    k_block_stride: int
+    k_head_stride: int
+    k_chunk_stride: int
+    k_x: int
+    k_chunks: int
+    v_block_stride: int
+    v_head_stride: int
+    v_channel_stride: int
+    k_bits: int
+    v_bits: int
+    k_scale_block_stride: int
+    k_scale_head_stride: int
+    v_scale_block_stride: int
+    v_scale_head_stride: int
+    k_scale_entry_bytes: int
+    v_scale_entry_bytes: int
+    k_data_bytes: int
+    v_data_bytes: int
+    k_scale_bytes: int
+    v_scale_bytes: int
+
+
+# The names the results print under (as before: CacheInfo(...), ...).
+for _cls, _name in ((CacheInfoTuple, "CacheInfo"), (WriteStatsTuple, "WriteStats"),
+                    (LayerLayoutTuple, "LayerLayout")):
+    _cls.__name__ = _cls.__qualname__ = _name
+del _cls, _name
 
 _DTYPE_NAMES = {
     "fp32": DType.FP32, "float32": DType.FP32, "f32": DType.FP32,
@@ -38,7 +90,7 @@ _DTYPE_NAMES = {
 }
 
 
-def as_dtype(d, name="dtype"):
+def as_dtype(d: DTypeLike, name: str = "dtype") -> DType:
     """A kvpage.DType from a DType, an int, a name ("bf16", "fp8", "int4", ...)
     or a torch dtype (float32, float16, bfloat16, float8_e4m3fn, int8)."""
     if isinstance(d, DType):
@@ -59,7 +111,7 @@ def as_dtype(d, name="dtype"):
     raise invalid("%s = %r is not a dtype" % (name, d))
 
 
-def parse_device(device):
+def parse_device(device: DeviceLike) -> Tuple[DeviceKind, int]:
     """(DeviceKind, ordinal) from "cpu", "cuda", "cuda:N", a torch.device, a
     DeviceKind or a (kind, ordinal) pair."""
     if isinstance(device, tuple) and len(device) == 2:
@@ -79,17 +131,17 @@ def parse_device(device):
     raise invalid("device = %r: expected 'cpu', 'cuda' or 'cuda:N'" % (device,))
 
 
-def version():
+def version() -> str:
     """The package version of the loaded library ("0.1.0")."""
     return library().version()
 
 
-def abi_version():
+def abi_version() -> Tuple[int, int]:
     """(major, minor) ABI of the loaded library's function table."""
     return library().abi
 
 
-def build_info():
+def build_info() -> Dict[str, str]:
     """What the loaded library holds, as a dict (kvp_build_info's key=value pairs)."""
     out = {}
     for part in library().build_info().split(";"):
@@ -99,7 +151,7 @@ def build_info():
     return out
 
 
-def device_count(kind="cuda"):
+def device_count(kind: Union[str, DeviceKind, int] = "cuda") -> int:
     """Devices of a kind this build can use (0 CUDA devices is not an error)."""
     if isinstance(kind, str):
         kind = parse_device(kind)[0]
@@ -154,15 +206,26 @@ class _AllocatorBridge(object):
         self.struct.free = self._free
 
 
+class AllocatorLike(Protocol):
+    """What ``Cache(allocator=)`` takes: alloc returns an address aligned to
+    ``alignment`` (0 or None: out of memory); free releases one."""
+
+    def alloc(self, __nbytes: int, __alignment: int, __device_kind: int,
+              __device_ordinal: int) -> Optional[int]: ...
+
+    def free(self, __ptr: int, __nbytes: int, __device_kind: int,
+             __device_ordinal: int) -> None: ...
+
+
 class TorchAllocator(object):
     """Cache memory from torch's caching allocator (counted in torch's memory
     statistics): each allocation is a uint8 tensor kept until freed."""
 
-    def __init__(self):
-        self._blocks = {}
+    def __init__(self) -> None:
+        self._blocks: Dict[int, Any] = {}
         self._lock = threading.Lock()
 
-    def alloc(self, nbytes, alignment, device_kind, device_ordinal):
+    def alloc(self, nbytes: int, alignment: int, device_kind: int, device_ordinal: int) -> int:
         t = A.torch_module()
         dev = "cpu" if device_kind == DeviceKind.CPU else "cuda:%d" % device_ordinal
         buf = t.empty(nbytes + alignment, dtype=t.uint8, device=dev)
@@ -172,11 +235,11 @@ class TorchAllocator(object):
             self._blocks[ptr] = buf
         return ptr
 
-    def free(self, ptr, nbytes, device_kind, device_ordinal):
+    def free(self, ptr: int, nbytes: int, device_kind: int, device_ordinal: int) -> None:
         with self._lock:
             self._blocks.pop(ptr, None)
 
-    def tensor(self, ptr):
+    def tensor(self, ptr: int) -> Any:
         """The tensor backing the allocation at ptr (None if it is not one)."""
         return self._blocks.get(ptr)
 
@@ -194,9 +257,21 @@ class Cache(object):
     from device memory, skip bad ones, and the next write/decode/copy raises
     the first as InvalidArgumentError."""
 
-    def __init__(self, num_blocks, num_kv_heads, head_size=128, *, block_size=16,
-                 num_layers=1, dtype=None, k_dtype=None, v_dtype=None, device="cpu",
-                 key_smoothing=None, allocator=None, checked=False):
+    device_kind: DeviceKind
+    device_ordinal: int
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    k_dtype: DType
+    v_dtype: DType
+
+    def __init__(self, num_blocks: int, num_kv_heads: int, head_size: int = 128, *,
+                 block_size: int = 16, num_layers: int = 1, dtype: Optional[DTypeLike] = None,
+                 k_dtype: Optional[DTypeLike] = None, v_dtype: Optional[DTypeLike] = None,
+                 device: DeviceLike = "cpu", key_smoothing: Optional[Any] = None,
+                 allocator: Optional[AllocatorLike] = None, checked: bool = False) -> None:
         lib = library()
         self._lib = lib
         api = lib.api
@@ -215,7 +290,7 @@ class Cache(object):
         cfg.k_dtype = int(as_dtype(k_dtype, "k_dtype"))
         cfg.v_dtype = int(as_dtype(v_dtype, "v_dtype"))
         cfg.checked = 1 if checked else 0
-        keep = []
+        keep: List[Any] = []
         if key_smoothing is not None:
             vals = _floats(key_smoothing, "key_smoothing")
             want = max(num_kv_heads, 0) * max(head_size, 0)
@@ -242,7 +317,7 @@ class Cache(object):
         self._handle = handle.value
         self._allocator = allocator
         self._bridge = bridge
-        self._decoders = weakref.WeakSet()
+        self._decoders: "weakref.WeakSet[Decoder]" = weakref.WeakSet()
         # Only the key smoothing copy is released at once; the allocator
         # bridge must live until destroy has freed the memory.
         self._finalizer = weakref.finalize(self, _destroy_cache, api, self._handle,
@@ -260,7 +335,7 @@ class Cache(object):
 
     # -- lifetime ------------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """Releases the cache (and closes its decoders); idempotent."""
         if self._handle is None:
             return
@@ -273,13 +348,13 @@ class Cache(object):
             raise RuntimeError("the cache's allocator failed to free memory") from e
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._handle is None
 
-    def __enter__(self):
+    def __enter__(self) -> "Cache":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> "Literal[False]":
         self.close()
         return False
 
@@ -289,15 +364,15 @@ class Cache(object):
         return self._handle
 
     @property
-    def handle(self):
+    def handle(self) -> int:
         """The kvp_cache* as an int (for engines that call the C API too)."""
         return self._h()
 
     @property
-    def device(self):
+    def device(self) -> str:
         return "cpu" if self.device_kind == DeviceKind.CPU else "cuda:%d" % self.device_ordinal
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.closed:
             return "<kvpage.Cache closed>"
         return ("<kvpage.Cache %s layers=%d blocks=%d block_size=%d kv_heads=%d head_size=%d "
@@ -308,7 +383,7 @@ class Cache(object):
     # -- geometry ------------------------------------------------------------
 
     @property
-    def info(self):
+    def info(self) -> CacheInfoTuple:
         """kvp_cache_info as a namedtuple."""
         i = CacheInfo()
         self._lib.api.cache_info_init(ctypes.byref(i))
@@ -316,17 +391,17 @@ class Cache(object):
         return CacheInfoTuple(*[getattr(i, f) for f in CacheInfoTuple._fields])
 
     @property
-    def bytes_per_token_per_layer(self):
+    def bytes_per_token_per_layer(self) -> int:
         return self.info.bytes_per_token_per_layer
 
-    def layout(self, layer=0):
+    def layout(self, layer: int = 0) -> LayerLayoutTuple:
         """kvp_layer_layout of one layer (pointers as ints, strides in bytes)."""
         l = LayerLayout()
         self._lib.api.layer_layout_init(ctypes.byref(l))
         self._lib.check(self._lib.api.cache_get_layout(self._h(), int(layer), ctypes.byref(l)))
-        return LayerLayoutTuple(*[getattr(l, f) or 0 for f in _LAYOUT_FIELDS])
+        return LayerLayoutTuple(*[getattr(l, f) or 0 for f in LayerLayoutTuple._fields])
 
-    def layer_buffers(self, layer=0):
+    def layer_buffers(self, layer: int = 0) -> Dict[str, memoryview]:
         """Host memory of one layer of a CPU cache as memoryviews of bytes:
         {'k_data', 'v_data', 'k_scales', 'v_scales'} (scales absent for
         16-bit dtypes). Valid while the cache is open."""
@@ -341,7 +416,7 @@ class Cache(object):
                 out[name] = memoryview((ctypes.c_uint8 * size).from_address(ptr)).cast("B")
         return out
 
-    def layer_tensors(self, layer=0):
+    def layer_tensors(self, layer: int = 0) -> Dict[str, Any]:
         """One layer's memory as torch uint8 tensors viewing the cache (CPU or
         CUDA, no copy): {'k_data', 'v_data', 'k_scales', 'v_scales'}. Valid
         while the cache is open."""
@@ -365,28 +440,29 @@ class Cache(object):
     # -- sequences -----------------------------------------------------------
 
     @property
-    def num_free_blocks(self):
+    def num_free_blocks(self) -> int:
         n = ctypes.c_int32()
         self._lib.check(self._lib.api.cache_num_free_blocks(self._h(), ctypes.byref(n)))
         return n.value
 
-    def create_sequence(self):
+    def create_sequence(self) -> "Sequence":
         """A new empty Sequence (its id is assigned by the cache, never reused)."""
         sid = ctypes.c_int64()
         self._lib.check(self._lib.api.seq_create(self._h(), ctypes.byref(sid)))
         return Sequence(self, sid.value)
 
-    def sequence(self, seq_id):
+    def sequence(self, seq_id: int) -> "Sequence":
         """A Sequence object for an existing id (no call is made)."""
         return Sequence(self, int(seq_id))
 
-    def fork(self, parent):
+    def fork(self, parent: Union["Sequence", int]) -> "Sequence":
         """A new sequence sharing every block of ``parent`` (prefix sharing)."""
         sid = ctypes.c_int64()
         self._lib.check(self._lib.api.seq_fork(self._h(), _sid(parent), ctypes.byref(sid)))
         return Sequence(self, sid.value)
 
-    def append(self, seq, num_tokens=1, *, slots=None, stream=None):
+    def append(self, seq: Union["Sequence", int], num_tokens: int = 1, *,
+               slots: Optional[ArrayLike] = None, stream: StreamLike = None) -> ArrayLike:
         """Appends tokens to a sequence; returns their slots (array('q') of
         block * block_size + offset, or ``slots`` when given: a writable
         host int64 buffer or CPU tensor of num_tokens elements)."""
@@ -405,19 +481,21 @@ class Cache(object):
         self._lib.check(self._lib.api.seq_append(self._h(), _sid(seq), n, a.ptr or None, st))
         return out
 
-    def truncate(self, seq, length):
+    def truncate(self, seq: Union["Sequence", int], length: int) -> None:
         self._lib.check(self._lib.api.seq_truncate(self._h(), _sid(seq), _i32(length, "length")))
 
-    def free(self, seq):
+    def free(self, seq: Union["Sequence", int]) -> None:
         self._lib.check(self._lib.api.seq_free(self._h(), _sid(seq)))
 
-    def seq_length(self, seq):
+    def seq_length(self, seq: Union["Sequence", int]) -> int:
         n = ctypes.c_int32()
         self._lib.check(self._lib.api.seq_length(self._h(), _sid(seq), ctypes.byref(n)))
         return n.value
 
-    def export_block_table(self, seqs, max_blocks_per_seq=None, *, out=None, seq_lens=None,
-                           row_stride=None):
+    def export_block_table(self, seqs: Iterable[Union["Sequence", int]],
+                           max_blocks_per_seq: Optional[int] = None, *,
+                           out: Optional[ArrayLike] = None, seq_lens: Optional[ArrayLike] = None,
+                           row_stride: Optional[int] = None) -> Tuple[ArrayLike, ArrayLike]:
         """The dense block table of a batch (vLLM's layout) in host memory.
 
         Returns (table, seq_lens). By default table is an array('i') of
@@ -469,7 +547,8 @@ class Cache(object):
 
     # -- writes ----------------------------------------------------------------
 
-    def write(self, layer, key, value, slot_mapping, *, input_dtype=None, stream=None):
+    def write(self, layer: int, key: ArrayLike, value: ArrayLike, slot_mapping: IndexArrayLike,
+              *, input_dtype: Optional[DTypeLike] = None, stream: StreamLike = None) -> None:
         """Quantizes and scatters tokens into the cache (kvp_cache_write).
 
         key, value: [num_tokens, num_kv_heads, head_size] or [num_tokens,
@@ -506,7 +585,7 @@ class Cache(object):
         st = A.stream_handle(stream, self)
         self._lib.check(self._lib.api.cache_write(h, ctypes.byref(w), st))
 
-    def write_stats(self):
+    def write_stats(self) -> WriteStatsTuple:
         """(non_finite, saturated) counted by the writes since creation or the
         last reset (reading synchronizes with the cache's device)."""
         s = WriteStats()
@@ -514,12 +593,12 @@ class Cache(object):
         self._lib.check(self._lib.api.cache_get_write_stats(self._h(), ctypes.byref(s)))
         return WriteStatsTuple(s.non_finite, s.saturated)
 
-    def reset_write_stats(self):
+    def reset_write_stats(self) -> None:
         self._lib.check(self._lib.api.cache_reset_write_stats(self._h()))
 
     # -- block copies --------------------------------------------------------
 
-    def copy_blocks(self, pairs, *, stream=None):
+    def copy_blocks(self, pairs: IndexArrayLike, *, stream: StreamLike = None) -> None:
         """Copies block pairs[i][0] to pairs[i][1] in every layer, data and
         scales (int32 [n, 2] in the cache's memory space, or a list)."""
         p = A.index_array(pairs, "pairs", A.I32, self)
@@ -529,7 +608,8 @@ class Cache(object):
         st = A.stream_handle(stream, self)
         self._lib.check(self._lib.api.cache_copy_blocks(self._h(), p.ptr or None, n // 2, st))
 
-    def transfer_blocks(self, src, pairs, *, stream=None):
+    def transfer_blocks(self, src: "Cache", pairs: IndexArrayLike, *,
+                        stream: StreamLike = None) -> None:
         """Copies block pairs[i][0] of cache ``src`` to block pairs[i][1] of
         this cache (same geometry; e.g. GPU cache <-> CPU swap space).
         ``pairs`` is host memory (a list, or an int32 host buffer/tensor)."""
@@ -567,9 +647,10 @@ class Cache(object):
         c.max_query_tokens = _i32(max_query_tokens, "max_query_tokens")
         return c
 
-    def decode_workspace_size(self, num_query_heads, max_num_seqs, max_context_len,
-                              max_query_len=1, q_dtype=DType.BF16, out_dtype=DType.BF16,
-                              precise=False, max_query_tokens=0):
+    def decode_workspace_size(self, num_query_heads: int, max_num_seqs: int,
+                              max_context_len: int, max_query_len: int = 1,
+                              q_dtype: DTypeLike = DType.BF16, out_dtype: DTypeLike = DType.BF16,
+                              precise: bool = False, max_query_tokens: int = 0) -> int:
         """Bytes of the workspace a decoder of these capacities needs."""
         c = self._decode_config(num_query_heads, max_num_seqs, max_context_len, max_query_len,
                                 q_dtype, out_dtype, precise, max_query_tokens)
@@ -578,9 +659,10 @@ class Cache(object):
                                                             ctypes.byref(n)))
         return n.value
 
-    def decoder(self, num_query_heads, max_num_seqs, max_context_len, max_query_len=1, *,
-                q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None, precise=False,
-                max_query_tokens=0):
+    def decoder(self, num_query_heads: int, max_num_seqs: int, max_context_len: int,
+                max_query_len: int = 1, *, q_dtype: DTypeLike = DType.BF16,
+                out_dtype: DTypeLike = DType.BF16, workspace: Optional[ArrayLike] = None,
+                precise: bool = False, max_query_tokens: int = 0) -> "Decoder":
         """A Decoder whose capacities fix the launch shape (graph-stable).
         ``precise=True``: precise mode (kvp_decode_config.precise), see Decoder.
         ``max_query_tokens``: query tokens of one ``attend`` call, all
@@ -606,47 +688,52 @@ class Sequence(object):
 
     __slots__ = ("cache", "id")
 
-    def __init__(self, cache, seq_id):
+    cache: Cache
+    id: int
+
+    def __init__(self, cache: Cache, seq_id: int) -> None:
         self.cache = cache
         self.id = int(seq_id)
 
-    def __int__(self):
+    def __int__(self) -> int:
         return self.id
 
     __index__ = __int__
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<kvpage.Sequence %d>" % self.id
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and other.cache is self.cache and other.id == self.id
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((id(self.cache), self.id))
 
-    def append(self, num_tokens=1, *, slots=None, stream=None):
+    def append(self, num_tokens: int = 1, *, slots: Optional[ArrayLike] = None,
+               stream: StreamLike = None) -> ArrayLike:
+        """Appends tokens; returns their slots (see Cache.append)."""
         return self.cache.append(self, num_tokens, slots=slots, stream=stream)
 
-    def fork(self):
+    def fork(self) -> "Sequence":
         return self.cache.fork(self)
 
-    def truncate(self, length):
+    def truncate(self, length: int) -> None:
         self.cache.truncate(self, length)
 
-    def free(self):
+    def free(self) -> None:
         self.cache.free(self)
 
     @property
-    def length(self):
+    def length(self) -> int:
         return self.cache.seq_length(self)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.length
 
-    def __enter__(self):
+    def __enter__(self) -> "Sequence":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> "Literal[False]":
         if not self.cache.closed:
             self.free()
         return False
@@ -663,9 +750,22 @@ class Decoder(object):
     slower for GQA groups and quantized caches; the CPU backend is precise
     either way."""
 
-    def __init__(self, cache, num_query_heads, max_num_seqs, max_context_len, max_query_len=1, *,
-                 q_dtype=DType.BF16, out_dtype=DType.BF16, workspace=None, precise=False,
-                 max_query_tokens=0):
+    cache: Cache
+    num_query_heads: int
+    max_num_seqs: int
+    max_context_len: int
+    max_query_len: int
+    q_dtype: DType
+    out_dtype: DType
+    precise: bool
+    max_query_tokens: int
+    workspace: Optional[ArrayLike]
+
+    def __init__(self, cache: Cache, num_query_heads: int, max_num_seqs: int,
+                 max_context_len: int, max_query_len: int = 1, *,
+                 q_dtype: DTypeLike = DType.BF16, out_dtype: DTypeLike = DType.BF16,
+                 workspace: Optional[ArrayLike] = None, precise: bool = False,
+                 max_query_tokens: int = 0) -> None:
         lib = cache._lib
         c = cache._decode_config(num_query_heads, max_num_seqs, max_context_len, max_query_len,
                                  q_dtype, out_dtype, precise, max_query_tokens)
@@ -702,20 +802,21 @@ class Decoder(object):
                                            [cache, keep])
         cache._decoders.add(self)
 
-    def close(self):
+    def close(self) -> None:
+        """Releases the decoder; idempotent."""
         if self._handle is None:
             return
         self._finalizer()
         self._handle = None
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._handle is None
 
-    def __enter__(self):
+    def __enter__(self) -> "Decoder":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> "Literal[False]":
         self.close()
         return False
 
@@ -724,14 +825,17 @@ class Decoder(object):
             raise invalid("the decoder is closed")
         return self._handle
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return ("<kvpage.Decoder q_heads=%d max_seqs=%d max_context=%d q=%s out=%s%s>"
                 % (self.num_query_heads, self.max_num_seqs, self.max_context_len,
                    self.q_dtype.name, self.out_dtype.name, " closed" if self.closed else ""))
 
-    def decode(self, q, block_table, seq_lens, *, out=None, layer=0, query_len=1, num_seqs=None,
-               block_table_width=None, sliding_window=0, sm_scale=0.0, logits_soft_cap=0.0,
-               alibi_slopes=None, lse=None, stream=None):
+    def decode(self, q: ArrayLike, block_table: IndexArrayLike, seq_lens: IndexArrayLike, *,
+               out: Optional[ArrayLike] = None, layer: int = 0, query_len: int = 1,
+               num_seqs: Optional[int] = None, block_table_width: Optional[int] = None,
+               sliding_window: int = 0, sm_scale: float = 0.0, logits_soft_cap: float = 0.0,
+               alibi_slopes: Optional[Union[ArrayLike, List[float]]] = None,
+               lse: Optional[ArrayLike] = None, stream: StreamLike = None) -> ArrayLike:
         """Decode attention (kvp_decode); returns ``out``.
 
         q, out: [num_seqs * query_len, num_query_heads, head_size] (or
@@ -799,9 +903,12 @@ class Decoder(object):
 
     __call__ = decode
 
-    def attend(self, q, query_starts, block_table, seq_lens, *, out=None, layer=0,
-               num_seqs=None, block_table_width=None, sliding_window=0, sm_scale=0.0,
-               logits_soft_cap=0.0, alibi_slopes=None, lse=None, stream=None):
+    def attend(self, q: ArrayLike, query_starts: IndexArrayLike, block_table: IndexArrayLike,
+               seq_lens: IndexArrayLike, *, out: Optional[ArrayLike] = None, layer: int = 0,
+               num_seqs: Optional[int] = None, block_table_width: Optional[int] = None,
+               sliding_window: int = 0, sm_scale: float = 0.0, logits_soft_cap: float = 0.0,
+               alibi_slopes: Optional[Union[ArrayLike, List[float]]] = None,
+               lse: Optional[ArrayLike] = None, stream: StreamLike = None) -> ArrayLike:
         """Attention over query chunks of varying lengths (kvp_attend); returns
         ``out``.
 
@@ -917,7 +1024,7 @@ def _i32(v, name):
     return iv
 
 
-def _seq_lens(seq_lens, num_seqs, cache):
+def _seq_lens(seq_lens, num_seqs, cache) -> Tuple[A.Arg, int]:
     """seq_lens as an int32 array, and num_seqs (default: its length)."""
     lens = A.index_array(seq_lens, "seq_lens", A.I32, cache)
     n_lens = A.vector(lens, "seq_lens")

@@ -14,6 +14,7 @@ import ctypes.util
 import enum
 import os
 import threading
+from typing import Dict, List, Optional, Tuple, Type, Union
 
 ABI_MAJOR = 1
 ABI_MINOR = 3
@@ -66,7 +67,11 @@ class KvpError(Exception):
     library's message, which names the bad argument and its value.
     """
 
-    def __init__(self, code, message):
+    code: Union[ErrorCode, int]
+    code_name: str
+    message: str
+
+    def __init__(self, code: int, message: str) -> None:
         code = int(code)
         try:
             code = ErrorCode(code)
@@ -110,7 +115,7 @@ class LibraryError(OSError):
     """libkvpage could not be loaded, or does not provide this ABI."""
 
 
-_ERROR_CLASSES = {
+_ERROR_CLASSES: Dict[int, Type[KvpError]] = {
     ErrorCode.INVALID_ARGUMENT: InvalidArgumentError,
     ErrorCode.OUT_OF_BLOCKS: OutOfBlocksError,
     ErrorCode.OUT_OF_MEMORY: OutOfMemoryError,
@@ -120,12 +125,12 @@ _ERROR_CLASSES = {
 }
 
 
-def error_from_code(code, message):
+def error_from_code(code: int, message: str) -> KvpError:
     """The exception object for an error code (KvpError for unknown codes)."""
     return _ERROR_CLASSES.get(int(code), KvpError)(code, message)
 
 
-def invalid(message):
+def invalid(message: str) -> InvalidArgumentError:
     """An InvalidArgumentError raised by the binding's own checks."""
     return InvalidArgumentError(ErrorCode.INVALID_ARGUMENT, message)
 
@@ -386,16 +391,58 @@ FIRST_RELEASED_SIZES = {
 # ---------------------------------------------------------------------------
 
 
-def _package_dir():
+def _package_dir() -> str:
     return os.path.dirname(os.path.abspath(__file__))
 
 
-def candidate_paths():
+# Written by the wheel build (setup.py) beside the bundled libkvpage.so: the
+# file names of the shared libraries it bundles, dependencies first.
+BUNDLE_LIST = "_bundled_libs.txt"
+
+_lock = threading.RLock()
+_preloaded: List[ctypes.CDLL] = []
+_preloaded_dirs: List[str] = []
+
+
+def bundled_libraries(directory: str) -> List[str]:
+    """The libraries listed in ``directory``/_bundled_libs.txt, in load order
+    (empty where there is no list: not a wheel's package folder)."""
+    try:
+        with open(os.path.join(directory, BUNDLE_LIST)) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    names = [n.strip() for n in lines]
+    return [os.path.join(directory, n) for n in names if n and not n.startswith("#")]
+
+
+def preload_bundled(directory: str) -> None:
+    """Loads the libraries a wheel bundles beside libkvpage.so, dependencies
+    first. libkvpage.so's RUNPATH ($ORIGIN) finds its direct dependencies
+    there, but not theirs (RUNPATH is not inherited); the loader reuses an
+    object already loaded under the soname it needs, so loading them in
+    order resolves every one to the bundled file, never a system copy.
+    RTLD_LOCAL: their symbols stay out of the process's global scope."""
+    directory = os.path.abspath(directory)
+    with _lock:
+        if directory in _preloaded_dirs:
+            return
+        mode = getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2)
+        for path in bundled_libraries(directory):
+            try:
+                _preloaded.append(ctypes.CDLL(path, mode=mode))
+            except OSError as e:
+                raise LibraryError("cannot load %s, bundled with libkvpage: %s" % (path, e))
+        _preloaded_dirs.append(directory)
+
+
+def candidate_paths() -> List[str]:
     """Where the library is looked for, in order.
 
     KVPAGE_LIBRARY (when set, it is the only candidate: a wrong path is an
     error, never a silent fallback), else a libkvpage.so[.1] in the package
-    folder, else the system loader (libkvpage.so.1, then libkvpage.so).
+    folder (a wheel puts it there, with the libraries it needs), else the
+    system loader (libkvpage.so.1, then libkvpage.so).
     """
     env = os.environ.get("KVPAGE_LIBRARY")
     if env:
@@ -415,12 +462,20 @@ def candidate_paths():
 class Library(object):
     """One loaded libkvpage and its function table of ABI major ``abi_major``."""
 
-    def __init__(self, path=None, abi_major=ABI_MAJOR):
+    path: str
+    abi: Tuple[int, int]
+    api: Api
+
+    def __init__(self, path: Optional[str] = None, abi_major: int = ABI_MAJOR) -> None:
         paths = [path] if path else candidate_paths()
         errors = []
         self._dll = None
         for p in paths:
             try:
+                if os.path.dirname(p):
+                    # A library with a bundle list beside it (an installed
+                    # wheel) loads the bundled libraries first.
+                    preload_bundled(os.path.dirname(p))
                 self._dll = ctypes.CDLL(p, mode=getattr(os, "RTLD_LOCAL", 0) | os.RTLD_NOW)
                 self.path = p
                 break
@@ -451,13 +506,13 @@ class Library(object):
         self.api = table
         self.abi = (int(table.abi_major), int(table.abi_minor))
 
-    def has(self, entry):
+    def has(self, entry: str) -> bool:
         """Whether the library's table holds ``entry`` (a library of an older
         ABI minor lacks the entries appended after it)."""
         f = getattr(Api, entry)
         return f.offset + f.size <= self.api.struct_size
 
-    def require(self, entry, minor):
+    def require(self, entry: str, minor: int) -> None:
         """Raises UnsupportedError unless the table holds ``entry`` (ABI 1.minor)."""
         if not self.has(entry):
             raise UnsupportedError(
@@ -466,7 +521,7 @@ class Library(object):
 
     # -- errors --------------------------------------------------------------
 
-    def check(self, err):
+    def check(self, err: Optional[int]) -> None:
         """Raises the error object ``err`` (a kvp_error* or None) as an exception."""
         if not err:
             return
@@ -479,26 +534,25 @@ class Library(object):
 
     # -- versions ------------------------------------------------------------
 
-    def version(self):
+    def version(self) -> str:
         return self.api.version_string().decode()
 
-    def build_info(self):
+    def build_info(self) -> str:
         return self.api.build_info().decode()
 
-    def error_code_name(self, code):
+    def error_code_name(self, code: int) -> str:
         return self.api.error_code_name(int(code)).decode()
 
-    def device_count(self, kind):
+    def device_count(self, kind: int) -> int:
         n = ctypes.c_int32(-1)
         self.check(self.api.device_count(int(kind), ctypes.byref(n)))
         return n.value
 
 
-_lock = threading.Lock()
-_library = None
+_library: Optional[Library] = None
 
 
-def library():
+def library() -> Library:
     """The process-wide Library, loaded at first use (see candidate_paths)."""
     global _library
     if _library is None:

@@ -9,9 +9,13 @@ exact float64 values, and ``attention(...)`` is kvp_decode's definition
 """
 
 import math
+from typing import TYPE_CHECKING, Any, Optional, Tuple
 
 from . import _arrays as A
 from ._lib import DType
+
+if TYPE_CHECKING:
+    from ._cache import Cache
 
 
 def _torch():
@@ -71,7 +75,7 @@ def _apply_scales(codes, sc, dtype):
     return codes * sc[..., 0:1]
 
 
-def dequantize(cache, layer=0, blocks=None):
+def dequantize(cache: "Cache", layer: int = 0, blocks: Optional[Any] = None) -> Tuple[Any, Any]:
     """(K, V): float64 tensors [num_blocks, num_kv_heads, block_size, head_size]
     on the cache's device, the exact values the layer's codes and scales
     stand for (K as stored: K / lambda when the cache smooths keys).
@@ -120,7 +124,7 @@ def dequantize(cache, layer=0, blocks=None):
     return kc.contiguous(), vc.contiguous()
 
 
-def gather(blocks, block_table, width=None):
+def gather(blocks: Any, block_table: Any, width: Optional[int] = None) -> Any:
     """Dense per-sequence tensors [num_seqs, heads, width * block_size, D]
     from paged ones [num_blocks, heads, block_size, D] and an int32 table
     [num_seqs, >= width]."""
@@ -134,8 +138,10 @@ def gather(blocks, block_table, width=None):
     return g.permute(0, 2, 1, 3, 4).reshape(s, h, w * bs, d)
 
 
-def attention(q, k, v, seq_lens, *, query_len=1, sm_scale=None, key_smoothing=None,
-              logits_soft_cap=0.0, alibi_slopes=None, sliding_window=0, return_lse=False):
+def attention(q: Any, k: Any, v: Any, seq_lens: Any, *, query_len: int = 1,
+              sm_scale: Optional[float] = None, key_smoothing: Optional[Any] = None,
+              logits_soft_cap: float = 0.0, alibi_slopes: Optional[Any] = None,
+              sliding_window: int = 0, return_lse: bool = False) -> Any:
     """kvp_decode's definition in float64.
 
     q: [num_seqs * query_len, HQ, D]; k, v: [num_seqs, HKV, T, D] (token j of
@@ -184,7 +190,8 @@ def attention(q, k, v, seq_lens, *, query_len=1, sm_scale=None, key_smoothing=No
     return out, lse.reshape(S * query_len, HQ)
 
 
-def decode_reference(cache, layer, q, block_table, seq_lens, **kw):
+def decode_reference(cache: "Cache", layer: int, q: Any, block_table: Any, seq_lens: Any,
+                     **kw: Any) -> Any:
     """attention() over the cache's dequantized layer, read through its block
     table: the exact result a decode of this cache should round to."""
     t = _torch()
@@ -194,7 +201,7 @@ def decode_reference(cache, layer, q, block_table, seq_lens, **kw):
     return attention(q, gather(k, bt), gather(v, bt), seq_lens, **kw)
 
 
-def rel_l2(x, ref):
+def rel_l2(x: Any, ref: Any) -> float:
     """||x - ref|| / ||ref|| in float64 (inf if x holds a non-finite value)."""
     t = _torch()
     x = x.to(t.float64)
