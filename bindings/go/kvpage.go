@@ -25,9 +25,16 @@
 // device take device pointers (uintptr) through the *Raw methods, where the
 // caller answers for their validity.
 //
-// Building: cgo finds the library through pkg-config (PKG_CONFIG_PATH=
-// <prefix>/lib/pkgconfig after cmake --install); the library must be on the
-// loader's path at run time (LD_LIBRARY_PATH or an rpath in the .pc file).
+// Building: cgo takes its flags from pkg-config (#cgo pkg-config: kvpage;
+// PKG_CONFIG_PATH=<prefix>/lib/pkgconfig after cmake --install). The Libs
+// of the installed kvpage.pc carry -Wl,-rpath,<libdir>, so programs load
+// libkvpage.so.1 without LD_LIBRARY_PATH; a kvpage.pc built with
+// KVPAGE_PKGCONFIG_RPATH=OFF leaves that to the loader's paths or
+// CGO_LDFLAGS="$(pkg-config --variable=rpath kvpage)".
+//
+// License: Apache-2.0 (SPDX-License-Identifier: Apache-2.0), the license of
+// the kvpage project; its text is the LICENSE file at the root of the
+// repository.
 package kvpage
 
 /*

@@ -28,9 +28,12 @@
 //!
 //! Otherwise it links `-lkvpage` from the linker's default paths. The
 //! library is a shared object: at run time it must be on the loader's path
-//! (`LD_LIBRARY_PATH`, an rpath, or a system directory). The directory found
-//! is exported to dependent build scripts as `DEP_KVPAGE_LIB_DIR` and the
-//! header directory as `DEP_KVPAGE_INCLUDE`.
+//! (an rpath, `LD_LIBRARY_PATH`, or a system directory). This crate's own
+//! tests get an rpath to the directory found (`-Wl,-rpath`); cargo passes
+//! that to no other package, so the directory is exported to dependent
+//! build scripts as `DEP_KVPAGE_LIB_DIR`, for an rpath of their own
+//! (`cargo:rustc-link-arg=-Wl,-rpath,<dir>`), and the header directory as
+//! `DEP_KVPAGE_INCLUDE`.
 #![allow(non_camel_case_types)]
 
 use std::marker::{PhantomData, PhantomPinned};

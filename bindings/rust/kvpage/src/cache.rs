@@ -2,6 +2,7 @@
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 
 use kvpage_sys as sys;
 
@@ -290,7 +291,14 @@ impl Default for RawWriteArgs {
 }
 
 /// A paged KV cache: `num_layers` layers sharing one block table, its
-/// sequences and their blocks. Dropping it releases its memory.
+/// sequences and their blocks.
+///
+/// A `Cache` is a shared handle: [`Clone`] gives another handle to the same
+/// cache, and every [`Decoder`] of the cache holds one. The C cache is
+/// destroyed when the last handle is dropped, after every decoder of it
+/// (the C API requires that a decoder not outlive its cache), so an engine
+/// may keep a cache and its decoders side by side in one struct, in any
+/// field order, and move them around together.
 ///
 /// # Threads
 ///
@@ -300,8 +308,8 @@ impl Default for RawWriteArgs {
 /// `num_free_blocks`) may be called from several threads at once and are
 /// serialized inside the library; writes, decodes and block copies may be
 /// issued from several threads too. `kvp_cache_destroy` must not race with
-/// anything: it runs in [`Drop`], which owns the cache, and [`Decoder`]s
-/// borrow the cache, so the borrow checker guarantees that.
+/// anything: it runs when the last handle is dropped, and every call runs
+/// through a live handle, so nothing else can be using the cache then.
 ///
 /// What stays the caller's job (as in C): on the CPU backend, do not write
 /// blocks that another thread decodes at the same moment. The cache memory
@@ -314,37 +322,73 @@ impl Default for RawWriteArgs {
 /// fixed at creation, decoder creation only reads the cache, and
 /// `write_stats` / `reset_write_stats` touch only the counters, so a read or
 /// reset that overlaps writes may miss those writes' counts.
+#[derive(Clone)]
 pub struct Cache {
+    inner: Arc<CacheInner>,
+}
+
+/// The C cache and what was read from it at creation; destroyed with the
+/// last [`Cache`] handle.
+struct CacheInner {
     raw: NonNull<sys::kvp_cache>,
     info: CacheInfo,
 }
 
 // SAFETY: a kvp_cache is not tied to the thread that created it (no
 // thread-local state; errors are returned objects).
-unsafe impl Send for Cache {}
-// SAFETY: the header states that every operation taking `&self` here may be
-// called from several threads at once (see the type's documentation).
-unsafe impl Sync for Cache {}
+unsafe impl Send for CacheInner {}
+// SAFETY: the header states that every operation taking `&self` on a
+// `Cache` may be called from several threads at once (see its
+// documentation).
+unsafe impl Sync for CacheInner {}
+
+impl Drop for CacheInner {
+    fn drop(&mut self) {
+        // SAFETY: the last handle is gone: no call and no decoder uses the
+        // cache any more (each decoder holds a handle until it is destroyed).
+        unsafe { sys::kvp_cache_destroy(self.raw.as_ptr()) }
+    }
+}
 
 impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cache")
-            .field("raw", &self.raw)
-            .field("info", &self.info)
+            .field("raw", &self.inner.raw)
+            .field("info", &self.inner.info)
             .finish()
-    }
-}
-
-impl Drop for Cache {
-    fn drop(&mut self) {
-        // SAFETY: we own the handle; no decoder borrows the cache any more.
-        unsafe { sys::kvp_cache_destroy(self.raw.as_ptr()) }
     }
 }
 
 fn to_i32(n: usize, what: &str) -> Result<i32> {
     i32::try_from(n)
         .map_err(|_| Error::invalid_argument(format!("{} = {} does not fit in int32", what, n)))
+}
+
+fn query_info(raw: NonNull<sys::kvp_cache>) -> Result<CacheInfo> {
+    let mut i = MaybeUninit::<sys::kvp_cache_info>::zeroed();
+    // SAFETY: init fills the struct; get_info writes it.
+    let i = unsafe {
+        sys::kvp_cache_info_init(i.as_mut_ptr());
+        check(sys::kvp_cache_get_info(raw.as_ptr(), i.as_mut_ptr()))?;
+        i.assume_init()
+    };
+    let dtype = |raw: i32| {
+        DType::from_raw(raw)
+            .ok_or_else(|| Error::new(ErrorCode::Internal, format!("unknown dtype {}", raw)))
+    };
+    Ok(CacheInfo {
+        device: Device::from_raw(i.device_kind, i.device_ordinal)?,
+        num_layers: i.num_layers,
+        num_blocks: i.num_blocks,
+        block_size: i.block_size,
+        num_kv_heads: i.num_kv_heads,
+        head_size: i.head_size,
+        k_dtype: dtype(i.k_dtype)?,
+        v_dtype: dtype(i.v_dtype)?,
+        has_key_smoothing: i.has_key_smoothing != 0,
+        bytes_per_token_per_layer: i.bytes_per_token_per_layer,
+        total_bytes: i.total_bytes,
+    })
 }
 
 impl Cache {
@@ -385,7 +429,7 @@ impl Cache {
         let raw = NonNull::new(raw).ok_or_else(|| {
             Error::new(ErrorCode::Internal, "kvp_cache_create returned NULL".into())
         })?;
-        let mut cache = Cache {
+        let mut inner = CacheInner {
             raw,
             info: CacheInfo {
                 device: Device::Cpu,
@@ -401,56 +445,38 @@ impl Cache {
                 total_bytes: 0,
             },
         };
-        cache.info = cache.query_info()?;
-        Ok(cache)
+        // On an error `inner` is dropped, which destroys the C cache.
+        inner.info = query_info(raw)?;
+        Ok(Cache {
+            inner: Arc::new(inner),
+        })
     }
 
-    fn query_info(&self) -> Result<CacheInfo> {
-        let mut i = MaybeUninit::<sys::kvp_cache_info>::zeroed();
-        // SAFETY: init fills the struct; get_info writes it.
-        let i = unsafe {
-            sys::kvp_cache_info_init(i.as_mut_ptr());
-            check(sys::kvp_cache_get_info(self.raw.as_ptr(), i.as_mut_ptr()))?;
-            i.assume_init()
-        };
-        let dtype = |raw: i32| {
-            DType::from_raw(raw)
-                .ok_or_else(|| Error::new(ErrorCode::Internal, format!("unknown dtype {}", raw)))
-        };
-        Ok(CacheInfo {
-            device: Device::from_raw(i.device_kind, i.device_ordinal)?,
-            num_layers: i.num_layers,
-            num_blocks: i.num_blocks,
-            block_size: i.block_size,
-            num_kv_heads: i.num_kv_heads,
-            head_size: i.head_size,
-            k_dtype: dtype(i.k_dtype)?,
-            v_dtype: dtype(i.v_dtype)?,
-            has_key_smoothing: i.has_key_smoothing != 0,
-            bytes_per_token_per_layer: i.bytes_per_token_per_layer,
-            total_bytes: i.total_bytes,
-        })
+    /// Whether `a` and `b` are handles to the same cache.
+    pub fn ptr_eq(a: &Cache, b: &Cache) -> bool {
+        Arc::ptr_eq(&a.inner, &b.inner)
     }
 
     /// The cache's sizes (`kvp_cache_get_info`, read once at creation).
     pub fn info(&self) -> &CacheInfo {
-        &self.info
+        &self.inner.info
     }
 
-    /// The raw handle, for calls into `kvpage-sys`. It stays owned by `self`.
+    /// The raw handle, for calls into `kvpage-sys`. It stays owned by the
+    /// handles of the cache and is valid while any of them lives.
     pub fn as_raw(&self) -> *mut sys::kvp_cache {
-        self.raw.as_ptr()
+        self.inner.raw.as_ptr()
     }
 
     /// Operations that take host slices for data "in the cache's memory
     /// space" are only safe on a CPU cache.
     pub(crate) fn require_host(&self, what: &str) -> Result<()> {
-        match self.info.device {
+        match self.inner.info.device {
             Device::Cpu => Ok(()),
             Device::Cuda(_) => Err(Error::invalid_argument(format!(
                 "{}: host slices need a CPU cache, this one is on {:?} (use the *_raw call \
                  with device pointers)",
-                what, self.info.device
+                what, self.inner.info.device
             ))),
         }
     }
@@ -462,7 +488,7 @@ impl Cache {
         let l = unsafe {
             sys::kvp_layer_layout_init(l.as_mut_ptr());
             check(sys::kvp_cache_get_layout(
-                self.raw.as_ptr(),
+                self.inner.raw.as_ptr(),
                 layer,
                 l.as_mut_ptr(),
             ))?;
@@ -502,7 +528,7 @@ impl Cache {
     pub fn create_seq(&self) -> Result<SeqId> {
         let mut id = 0i64;
         // SAFETY: live handle, out-pointer.
-        check(unsafe { sys::kvp_seq_create(self.raw.as_ptr(), &mut id) })?;
+        check(unsafe { sys::kvp_seq_create(self.inner.raw.as_ptr(), &mut id) })?;
         Ok(SeqId(id))
     }
 
@@ -511,7 +537,7 @@ impl Cache {
     pub fn fork_seq(&self, parent: SeqId) -> Result<SeqId> {
         let mut id = 0i64;
         // SAFETY: live handle, out-pointer.
-        check(unsafe { sys::kvp_seq_fork(self.raw.as_ptr(), parent.0, &mut id) })?;
+        check(unsafe { sys::kvp_seq_fork(self.inner.raw.as_ptr(), parent.0, &mut id) })?;
         Ok(SeqId(id))
     }
 
@@ -531,27 +557,33 @@ impl Cache {
         let n = to_i32(slots.len(), "slots.len()")?;
         // SAFETY: the library writes n values into `slots`.
         check(unsafe {
-            sys::kvp_seq_append(self.raw.as_ptr(), seq.0, n, slots.as_mut_ptr(), stream.0)
+            sys::kvp_seq_append(
+                self.inner.raw.as_ptr(),
+                seq.0,
+                n,
+                slots.as_mut_ptr(),
+                stream.0,
+            )
         })
     }
 
     /// Shortens `seq` to `length` tokens, releasing blocks it no longer needs.
     pub fn truncate(&self, seq: SeqId, length: i32) -> Result<()> {
         // SAFETY: live handle.
-        check(unsafe { sys::kvp_seq_truncate(self.raw.as_ptr(), seq.0, length) })
+        check(unsafe { sys::kvp_seq_truncate(self.inner.raw.as_ptr(), seq.0, length) })
     }
 
     /// Releases `seq` and its references to blocks.
     pub fn free_seq(&self, seq: SeqId) -> Result<()> {
         // SAFETY: live handle.
-        check(unsafe { sys::kvp_seq_free(self.raw.as_ptr(), seq.0) })
+        check(unsafe { sys::kvp_seq_free(self.inner.raw.as_ptr(), seq.0) })
     }
 
     /// The length of `seq` in tokens.
     pub fn seq_len(&self, seq: SeqId) -> Result<i32> {
         let mut n = 0;
         // SAFETY: live handle, out-pointer.
-        check(unsafe { sys::kvp_seq_length(self.raw.as_ptr(), seq.0, &mut n) })?;
+        check(unsafe { sys::kvp_seq_length(self.inner.raw.as_ptr(), seq.0, &mut n) })?;
         Ok(n)
     }
 
@@ -559,7 +591,7 @@ impl Cache {
     pub fn num_free_blocks(&self) -> Result<i32> {
         let mut n = 0;
         // SAFETY: live handle, out-pointer.
-        check(unsafe { sys::kvp_cache_num_free_blocks(self.raw.as_ptr(), &mut n) })?;
+        check(unsafe { sys::kvp_cache_num_free_blocks(self.inner.raw.as_ptr(), &mut n) })?;
         Ok(n)
     }
 
@@ -623,7 +655,7 @@ impl Cache {
         // max_blocks_per_seq and row_stride itself before writing).
         check(unsafe {
             sys::kvp_cache_export_block_table(
-                self.raw.as_ptr(),
+                self.inner.raw.as_ptr(),
                 seqs.as_ptr() as *const i64,
                 n,
                 max_blocks_per_seq,
@@ -642,7 +674,7 @@ impl Cache {
     pub fn write<T: Element>(&self, args: &WriteArgs<'_, T>) -> Result<()> {
         self.require_host("write")?;
         let n = to_i32(args.slot_mapping.len(), "slot_mapping.len()")?;
-        let dense = self.info.num_kv_heads as usize * self.info.head_size as usize;
+        let dense = self.inner.info.num_kv_heads as usize * self.inner.info.head_size as usize;
         for (name, data, stride) in [
             ("key", args.key, args.key_token_stride),
             ("value", args.value, args.value_token_stride),
@@ -706,7 +738,7 @@ impl Cache {
         a.key_token_stride = args.key_token_stride;
         a.value_token_stride = args.value_token_stride;
         a.slot_mapping = args.slot_mapping;
-        check(sys::kvp_cache_write(self.raw.as_ptr(), &a, stream.0))
+        check(sys::kvp_cache_write(self.inner.raw.as_ptr(), &a, stream.0))
     }
 
     /// The write counters (synchronizes with the cache's device).
@@ -716,7 +748,7 @@ impl Cache {
         let s = unsafe {
             sys::kvp_write_stats_init(s.as_mut_ptr());
             check(sys::kvp_cache_get_write_stats(
-                self.raw.as_ptr(),
+                self.inner.raw.as_ptr(),
                 s.as_mut_ptr(),
             ))?;
             s.assume_init()
@@ -730,7 +762,7 @@ impl Cache {
     /// Sets the write counters to zero.
     pub fn reset_write_stats(&self) -> Result<()> {
         // SAFETY: live handle.
-        check(unsafe { sys::kvp_cache_reset_write_stats(self.raw.as_ptr()) })
+        check(unsafe { sys::kvp_cache_reset_write_stats(self.inner.raw.as_ptr()) })
     }
 
     // ---- Block copies ----------------------------------------------------------------
@@ -757,7 +789,7 @@ impl Cache {
         stream: Stream,
     ) -> Result<()> {
         check(sys::kvp_cache_copy_blocks(
-            self.raw.as_ptr(),
+            self.inner.raw.as_ptr(),
             pairs,
             num_pairs,
             stream.0,
@@ -777,8 +809,8 @@ impl Cache {
         // SAFETY: host pairs, checked by the library against both caches.
         check(unsafe {
             sys::kvp_cache_transfer_blocks(
-                self.raw.as_ptr(),
-                src.raw.as_ptr(),
+                self.inner.raw.as_ptr(),
+                src.inner.raw.as_ptr(),
                 pairs.as_ptr() as *const i32,
                 n,
                 stream.0,
@@ -793,13 +825,13 @@ impl Cache {
         let c = config.to_raw();
         let mut bytes = 0u64;
         // SAFETY: live handle, filled config, out-pointer.
-        check(unsafe { sys::kvp_decode_workspace_size(self.raw.as_ptr(), &c, &mut bytes) })?;
+        check(unsafe { sys::kvp_decode_workspace_size(self.inner.raw.as_ptr(), &c, &mut bytes) })?;
         Ok(bytes)
     }
 
     /// A decoder for this cache with the capacities of `config`
-    /// (same as [`Decoder::new`]).
-    pub fn decoder(&self, config: &DecodeConfig) -> Result<Decoder<'_>> {
+    /// (same as [`Decoder::new`]). It holds a handle of the cache.
+    pub fn decoder(&self, config: &DecodeConfig) -> Result<Decoder> {
         Decoder::new(self, config)
     }
 }

@@ -295,8 +295,12 @@ impl Default for RawAttendArgs {
     }
 }
 
-/// Runs decode attention over a cache with fixed capacities. Borrows the
-/// cache: a decoder cannot outlive it.
+/// Runs decode attention over a cache with fixed capacities.
+///
+/// A decoder holds a handle of its [`Cache`], so it owns no borrow: an
+/// engine may keep the cache and its decoders in one struct. The C decoder
+/// is destroyed when the decoder is dropped, before that handle is
+/// released, so the C cache always outlives it.
 ///
 /// # Threads
 ///
@@ -304,17 +308,19 @@ impl Default for RawAttendArgs {
 /// `kvp_decode` on one decoder from two threads at once (its workspace would
 /// be shared), so [`Decoder::decode`] takes `&mut self`. Use one decoder per
 /// thread (or stream); several decoders may share one cache.
-pub struct Decoder<'c> {
+pub struct Decoder {
     raw: NonNull<sys::kvp_decoder>,
-    cache: &'c Cache,
     config: DecodeConfig,
+    // Keeps the C cache alive; released after `raw` is destroyed (Drop runs
+    // before the fields are dropped).
+    cache: Cache,
 }
 
-// SAFETY: a kvp_decoder is not tied to a thread, and the &Cache it holds is
-// Send because Cache is Sync.
-unsafe impl Send for Decoder<'_> {}
+// SAFETY: a kvp_decoder is not tied to a thread, and the Cache it holds is
+// Send.
+unsafe impl Send for Decoder {}
 
-impl std::fmt::Debug for Decoder<'_> {
+impl std::fmt::Debug for Decoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Decoder")
             .field("raw", &self.raw)
@@ -323,16 +329,18 @@ impl std::fmt::Debug for Decoder<'_> {
     }
 }
 
-impl Drop for Decoder<'_> {
+impl Drop for Decoder {
     fn drop(&mut self) {
-        // SAFETY: we own the handle; the cache outlives us ('c).
+        // SAFETY: we own the handle; `self.cache` keeps the C cache alive
+        // until after this call.
         unsafe { sys::kvp_decoder_destroy(self.raw.as_ptr()) }
     }
 }
 
-impl<'c> Decoder<'c> {
-    /// A decoder that owns its workspace (`kvp_decoder_create`).
-    pub fn new(cache: &'c Cache, config: &DecodeConfig) -> Result<Decoder<'c>> {
+impl Decoder {
+    /// A decoder that owns its workspace (`kvp_decoder_create`); it holds a
+    /// handle of `cache`.
+    pub fn new(cache: &Cache, config: &DecodeConfig) -> Result<Decoder> {
         // SAFETY: a null workspace means the decoder allocates its own.
         unsafe { Decoder::with_workspace(cache, config, ptr::null_mut(), 0) }
     }
@@ -345,11 +353,11 @@ impl<'c> Decoder<'c> {
     /// `workspace` must stay valid, and be used by nothing else, for the
     /// decoder's life.
     pub unsafe fn with_workspace(
-        cache: &'c Cache,
+        cache: &Cache,
         config: &DecodeConfig,
         workspace: *mut c_void,
         workspace_bytes: u64,
-    ) -> Result<Decoder<'c>> {
+    ) -> Result<Decoder> {
         let mut c = config.to_raw();
         c.workspace = workspace;
         c.workspace_bytes = workspace_bytes;
@@ -363,8 +371,8 @@ impl<'c> Decoder<'c> {
         })?;
         Ok(Decoder {
             raw,
-            cache,
             config: config.clone(),
+            cache: cache.clone(),
         })
     }
 
@@ -373,9 +381,9 @@ impl<'c> Decoder<'c> {
         &self.config
     }
 
-    /// The cache the decoder reads.
-    pub fn cache(&self) -> &'c Cache {
-        self.cache
+    /// The cache the decoder reads (clone it for a handle of one's own).
+    pub fn cache(&self) -> &Cache {
+        &self.cache
     }
 
     /// Decodes a batch held in host memory (CPU cache) into `out`

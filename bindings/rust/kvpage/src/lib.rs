@@ -5,9 +5,11 @@
 //! varying lengths ([`Decoder::attend`]), over the stable C ABI of
 //! `libkvpage.so` (raw declarations in [`kvpage_sys`]).
 //!
-//! - Handles are owned values: [`Cache`] and [`Decoder`] release their C
-//!   objects on [`Drop`]; a `Decoder<'c>` borrows its cache, so it cannot
-//!   outlive it.
+//! - Handles are owned values that release their C objects on [`Drop`].
+//!   A [`Cache`] is a shared handle ([`Clone`] gives another one to the
+//!   same cache) and each [`Decoder`] holds one, so decoders borrow
+//!   nothing: an engine keeps a cache and its decoders in one struct. The C
+//!   cache is destroyed with its last handle, after its decoders.
 //! - Every fallible call returns [`Result<T>`](Result) with an [`Error`]
 //!   carrying the library's stable [`ErrorCode`] and its message, which names
 //!   the bad argument and its value. Nothing panics across the boundary.
@@ -64,9 +66,28 @@
 //!
 //! `kvpage-sys` finds `libkvpage.so` through `KVPAGE_DIR` (an install
 //! prefix or a CMake build tree), `pkg-config kvpage`, or the checkout's
-//! `build/`. The library must also be on the loader's path when the program
-//! runs (`LD_LIBRARY_PATH`, an rpath, or a system directory); this crate's
-//! own tests get an rpath from its build script.
+//! `build/`, and publishes the folder it found to the build scripts of the
+//! crates that depend on it as `DEP_KVPAGE_LIB_DIR`. This crate's own
+//! tests, examples and doc tests run without `LD_LIBRARY_PATH`: the build
+//! scripts give them an rpath to that folder. Cargo passes link arguments
+//! to no other package's binaries, so a program of another package gets
+//! its rpath from a build script of its own, with `kvpage-sys` among its
+//! dependencies:
+//!
+//! ```toml
+//! [dependencies]
+//! kvpage = { path = "/path/to/kvpage/bindings/rust/kvpage" }
+//! kvpage-sys = { path = "/path/to/kvpage/bindings/rust/kvpage-sys" }
+//! ```
+//!
+//! ```no_run
+//! // build.rs
+//! fn main() {
+//!     if let Ok(dir) = std::env::var("DEP_KVPAGE_LIB_DIR") {
+//!         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir);
+//!     }
+//! }
+//! ```
 #![warn(missing_debug_implementations)]
 
 mod cache;
