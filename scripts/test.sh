@@ -3,7 +3,7 @@
 # The whole test suite: install what is missing, build, run ctest. GPU tests
 # skip themselves where no GPU is present.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-install_missing python3 cargo golang-go clang-format
+install_missing python3 python3-pip python3-setuptools python3-wheel cargo golang-go clang-format
 # Every C, C++ and CUDA source as .clang-format lays it out.
 git ls-files '*.c' '*.cc' '*.h' '*.cu' '*.cuh' | grep -v '^tests/fuzz/corpus/' |
   xargs clang-format --dry-run -Werror
