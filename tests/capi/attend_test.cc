@@ -19,6 +19,7 @@
 #include "include/kvpage/kvpage.h"
 #include "src/manifest.h"
 #include "tests/common/reference.h"
+#include "tests/common/test_matrix.h"
 
 namespace kvpage {
 namespace testing {
@@ -29,14 +30,6 @@ namespace {
     std::string kvp_err_ = TakeError(expr);    \
     ASSERT_TRUE(kvp_err_.empty()) << kvp_err_; \
   } while (0)
-
-#define KVPAGE_KV_DTYPE_ENTRY(T) static_cast<int>(kvpage::DType::T),
-constexpr int kKvDtypes[] = {KVPAGE_MANIFEST_KV_DTYPES(KVPAGE_KV_DTYPE_ENTRY)};
-#undef KVPAGE_KV_DTYPE_ENTRY
-constexpr int kNumKvDtypes = sizeof(kKvDtypes) / sizeof(kKvDtypes[0]);
-constexpr auto& kHeadSizes = kvpage::kManifestHeadSizes;
-constexpr int kNumHeadSizes = sizeof(kHeadSizes) / sizeof(kHeadSizes[0]);
-constexpr int kIoDtypes[] = {KVP_DTYPE_FP32, KVP_DTYPE_FP16, KVP_DTYPE_BF16};
 
 double OutTolerance(int dtype) {
   return dtype == KVP_DTYPE_BF16   ? std::ldexp(1.0, -8)

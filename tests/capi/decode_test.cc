@@ -23,21 +23,11 @@
 #include "src/formats.h"
 #include "src/manifest.h"
 #include "tests/common/reference.h"
+#include "tests/common/test_matrix.h"
 
 namespace kvpage {
 namespace testing {
 namespace {
-
-// The kernel manifest's KV dtypes and head sizes (src/manifest.h): a
-// reduced build tests what it holds.
-#define KVPAGE_KV_DTYPE_ENTRY(T) static_cast<int>(kvpage::DType::T),
-constexpr int kKvDtypes[] = {KVPAGE_MANIFEST_KV_DTYPES(KVPAGE_KV_DTYPE_ENTRY)};
-#undef KVPAGE_KV_DTYPE_ENTRY
-constexpr int kNumKvDtypes = sizeof(kKvDtypes) / sizeof(kKvDtypes[0]);
-constexpr int kIoDtypes[] = {KVP_DTYPE_FP32, KVP_DTYPE_FP16, KVP_DTYPE_BF16};
-constexpr auto& kHeadSizes = kvpage::kManifestHeadSizes;
-constexpr int kNumHeadSizes = sizeof(kHeadSizes) / sizeof(kHeadSizes[0]);
-constexpr int kBlockSizes[] = {8, 16, 32};
 
 struct Case {
   int k_dtype = KVP_DTYPE_BF16, v_dtype = KVP_DTYPE_BF16;

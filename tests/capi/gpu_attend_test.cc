@@ -26,20 +26,13 @@
 #include "src/manifest.h"
 #include "tests/capi/gpu_twins.h"
 #include "tests/common/reference.h"
+#include "tests/common/test_matrix.h"
 
 namespace kvpage {
 namespace testing {
 namespace {
 
 #if KVPAGE_HAVE_CUDA
-
-#define KVPAGE_KV_DTYPE_ENTRY(T) static_cast<int>(kvpage::DType::T),
-constexpr int kKvDtypes[] = {KVPAGE_MANIFEST_KV_DTYPES(KVPAGE_KV_DTYPE_ENTRY)};
-#undef KVPAGE_KV_DTYPE_ENTRY
-constexpr int kNumKvDtypes = sizeof(kKvDtypes) / sizeof(kKvDtypes[0]);
-constexpr auto& kHeadSizes = kvpage::kManifestHeadSizes;
-constexpr int kNumHeadSizes = sizeof(kHeadSizes) / sizeof(kHeadSizes[0]);
-constexpr int kIoDtypes[] = {KVP_DTYPE_FP32, KVP_DTYPE_FP16, KVP_DTYPE_BF16};
 
 double OutBound(int v_dtype) { return v_dtype == KVP_DTYPE_BF16 ? 8e-3 : 2e-3; }
 constexpr double kLseBound = 2e-2;
