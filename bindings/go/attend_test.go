@@ -22,43 +22,41 @@ var (
 
 const aRow = tQHeads * tD
 
-// raggedCache is an FP16 cache holding aContexts, its models and its block
-// table (width 2).
-func raggedCache(t *testing.T, r *rand.Rand) (*Cache, []*seqKV, *BlockTable) {
+// ragged is the Attend tests' batch: an FP16 cache holding aContexts, its
+// models, its block table (width 2), and the query boundaries of aChunks.
+type ragged struct {
+	cache  *Cache
+	models []*seqKV
+	table  *BlockTable
+	starts []int32
+	tokens int // starts[len(aChunks)]
+}
+
+func newRagged(t *testing.T, r *rand.Rand) ragged {
 	cfg := DefaultCacheConfig()
 	cfg.NumBlocks, cfg.BlockSize, cfg.NumKVHeads, cfg.HeadSize = 8, 8, tKVHeads, tD
 	cfg.KDType, cfg.VDType = FP16, FP16
 	cache := must(NewCache(cfg))
-	var seqs []SeqID
-	var models []*seqKV
-	for _, n := range aContexts {
-		s := must(cache.CreateSeq())
-		slots := must(cache.Append(s, n))
-		k, v := halves(r, n*tDense), halves(r, n*tDense)
-		ok(t, cache.Write(WriteArgs{Key: k, Value: v, SlotMapping: slots}))
-		m := &seqKV{}
-		m.push(k, v)
-		seqs, models = append(seqs, s), append(models, m)
-	}
-	return cache, models, must(cache.BlockTable(seqs, 2))
-}
-
-func queryStarts() []int32 {
+	seqs, models := writeSeqs(t, r, cache, aContexts)
 	starts := []int32{0}
 	for _, n := range aChunks {
 		starts = append(starts, starts[len(starts)-1]+int32(n))
 	}
-	return starts
+	return ragged{cache, models, must(cache.BlockTable(seqs, 2)), starts, int(starts[len(aChunks)])}
+}
+
+// attendConfig is the FP32 decoder of the Attend tests.
+func attendConfig(maxQueryLen int) DecodeConfig {
+	return DecodeConfig{NumQueryHeads: tQHeads, MaxNumSeqs: 3, MaxContextLen: 32, MaxQueryLen: maxQueryLen,
+		QDType: FP32, OutDType: FP32}
 }
 
 func TestAttendRaggedBatchEqualsDecodePerSequence(t *testing.T) {
 	r, seed := newRng(t)
-	cache, models, table := raggedCache(t, r)
+	g := newRagged(t, r)
+	cache, models, table, starts, tokens := g.cache, g.models, g.table, g.starts, g.tokens
 	defer cache.Close()
-	starts := queryStarts()
-	tokens := int(starts[len(starts)-1])
-	cfg := DecodeConfig{NumQueryHeads: tQHeads, MaxNumSeqs: 3, MaxContextLen: 32, MaxQueryLen: 5,
-		QDType: FP32, OutDType: FP32}
+	cfg := attendConfig(5)
 	eq(t, "QueryTokenCapacity", cfg.QueryTokenCapacity(), 15)
 	dec := must(cache.NewDecoder(cfg))
 	defer dec.Close()
@@ -118,17 +116,15 @@ func TestAttendRaggedBatchEqualsDecodePerSequence(t *testing.T) {
 
 func TestAttendErrorsAndMaxQueryTokens(t *testing.T) {
 	r, _ := newRng(t)
-	cache, _, table := raggedCache(t, r)
+	g := newRagged(t, r)
+	cache, table, starts, tokens := g.cache, g.table, g.starts, g.tokens
 	defer cache.Close()
-	starts := queryStarts()
-	tokens := int(starts[len(starts)-1])
 	q, out := normals(r, tokens*aRow), make([]float32, tokens*aRow)
 	args := func(starts []int32) AttendArgs {
 		return AttendArgs{Q: q, Out: out, QueryStarts: starts, BlockTable: table.Table,
 			BlockTableWidth: table.Width, SeqLens: table.SeqLens}
 	}
-	cfg := DecodeConfig{NumQueryHeads: tQHeads, MaxNumSeqs: 3, MaxContextLen: 32, MaxQueryLen: 2,
-		QDType: FP32, OutDType: FP32}
+	cfg := attendConfig(2)
 	eq(t, "DefaultDecodeConfig().MaxQueryTokens", DefaultDecodeConfig().MaxQueryTokens, 0)
 
 	// Set explicitly, MaxQueryTokens is the capacity whatever MaxQueryLen is.

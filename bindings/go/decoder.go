@@ -224,115 +224,27 @@ type RawDecodeArgs struct {
 
 // Decode decodes a batch held in Go memory over a CPU cache.
 func (d *Decoder) Decode(a DecodeArgs) error {
-	if err := d.cache.requireHost("Decode"); err != nil {
-		return err
-	}
-	qp, qn, qt, err := hostData("Q", a.Q)
+	h, err := d.hostCall("Decode", a.QueryLen, attention{Layer: a.Layer, Q: a.Q, Out: a.Out,
+		QTokenStride: a.QTokenStride, BlockTable: a.BlockTable, BlockTableWidth: a.BlockTableWidth,
+		BlockTableStride: a.BlockTableStride, SeqLens: a.SeqLens, SlidingWindow: a.SlidingWindow,
+		SMScale: a.SMScale, LogitsSoftCap: a.LogitsSoftCap, ALiBiSlopes: a.ALiBiSlopes, LSE: a.LSE})
 	if err != nil {
 		return err
 	}
-	op, on, ot, err := hostData("Out", a.Out)
-	if err != nil {
-		return err
-	}
-	if qt != d.config.QDType {
-		return invalidArg("Q holds %v, the decoder was created with QDType %v", qt, d.config.QDType)
-	}
-	if ot != d.config.OutDType {
-		return invalidArg("Out holds %v, the decoder was created with OutDType %v", ot, d.config.OutDType)
-	}
-	queryLen := a.QueryLen
-	if queryLen == 0 {
-		queryLen = 1
-	}
-	if queryLen < 1 {
-		return invalidArg("QueryLen = %d, must be >= 1", a.QueryLen)
-	}
-	if a.BlockTableWidth < 1 {
-		return invalidArg("BlockTableWidth = %d, must be >= 1", a.BlockTableWidth)
-	}
-	var v [6]C.int32_t
-	for i, x := range []struct {
-		n    int
-		name string
-	}{{a.Layer, "Layer"}, {len(a.SeqLens), "len(SeqLens)"}, {queryLen, "QueryLen"},
-		{a.SlidingWindow, "SlidingWindow"}, {a.BlockTableWidth, "BlockTableWidth"}, {0, ""}} {
-		n, err := toInt32(x.n, x.name)
-		if err != nil {
+	n := len(a.SeqLens)
+	rows := n * h.queryLen
+	if rows > 0 {
+		if err := checkSizes(append(h.tokenSizes(rows), h.tableSize(n)),
+			"for %d sequences x %d query tokens", n, h.queryLen); err != nil {
 			return err
 		}
-		v[i] = n
 	}
-	heads := d.config.NumQueryHeads
-	dense := heads * d.cache.info.HeadSize
-	qStride := a.QTokenStride
-	if qStride == 0 {
-		qStride = dense
-	}
-	tStride := a.BlockTableStride
-	if tStride == 0 {
-		tStride = a.BlockTableWidth
-	}
-	if qStride < dense {
-		return invalidArg("QTokenStride = %d, must be 0 or >= NumQueryHeads * HeadSize = %d", a.QTokenStride, dense)
-	}
-	if tStride < a.BlockTableWidth {
-		return invalidArg("BlockTableStride = %d, must be 0 or >= BlockTableWidth = %d", a.BlockTableStride, a.BlockTableWidth)
-	}
-	rows := len(a.SeqLens) * queryLen
-	if rows > 0 {
-		for _, x := range []struct {
-			name       string
-			have, need int
-		}{
-			{"Q", qn, (rows-1)*qStride + dense},
-			{"Out", on, rows * dense},
-			{"BlockTable", len(a.BlockTable), (len(a.SeqLens)-1)*tStride + a.BlockTableWidth},
-		} {
-			if x.have < x.need {
-				return invalidArg("%s has %d elements, needs %d for %d sequences x %d query tokens",
-					x.name, x.have, x.need, len(a.SeqLens), queryLen)
-			}
-		}
-		if a.LSE != nil && len(a.LSE) < rows*heads {
-			return invalidArg("LSE has %d elements, needs %d", len(a.LSE), rows*heads)
-		}
-	}
-	if a.ALiBiSlopes != nil && len(a.ALiBiSlopes) < heads {
-		return invalidArg("ALiBiSlopes has %d values, needs NumQueryHeads = %d", len(a.ALiBiSlopes), heads)
-	}
-	var tp, lp *C.int32_t
-	var ap, lsep *C.float
-	if len(a.BlockTable) > 0 {
-		tp = (*C.int32_t)(unsafe.Pointer(&a.BlockTable[0]))
-	}
-	if len(a.SeqLens) > 0 {
-		lp = (*C.int32_t)(unsafe.Pointer(&a.SeqLens[0]))
-	}
-	if len(a.ALiBiSlopes) > 0 {
-		ap = (*C.float)(unsafe.Pointer(&a.ALiBiSlopes[0]))
-	}
-	if len(a.LSE) > 0 {
-		lsep = (*C.float)(unsafe.Pointer(&a.LSE[0]))
-	}
-
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.ptr == nil {
-		return invalidArg("decoder is closed")
+	if err := h.checkLSEAndALiBi(rows); err != nil {
+		return err
 	}
 	// The CPU backend checks every length against MaxContextLen and the
 	// table width, and every block id it reads against NumBlocks.
-	err = takeError(C.kvpgo_decode(d.ptr, v[0], v[1], v[2], v[3], C.float(a.SMScale), C.float(a.LogitsSoftCap),
-		qp, C.int64_t(qStride), tp, C.int64_t(tStride), v[4], lp, ap, op, 0, lsep, 0))
-	runtime.KeepAlive(d)
-	runtime.KeepAlive(a.Q)
-	runtime.KeepAlive(a.Out)
-	runtime.KeepAlive(a.BlockTable)
-	runtime.KeepAlive(a.SeqLens)
-	runtime.KeepAlive(a.ALiBiSlopes)
-	runtime.KeepAlive(a.LSE)
-	return err
+	return d.run(h, false, nil)
 }
 
 // DecodeRaw is kvp_decode with addresses in the cache's memory space, for
@@ -341,29 +253,11 @@ func (d *Decoder) Decode(a DecodeArgs) error {
 // definition reads and writes until the decode has run, with block ids
 // below NumBlocks and lengths within MaxContextLen and the table.
 func (d *Decoder) DecodeRaw(a RawDecodeArgs, stream uintptr) error {
-	var v [6]C.int32_t
-	for i, x := range []struct {
-		n    int
-		name string
-	}{{a.Layer, "Layer"}, {a.NumSeqs, "NumSeqs"}, {a.QueryLen, "QueryLen"},
-		{a.SlidingWindow, "SlidingWindow"}, {a.BlockTableWidth, "BlockTableWidth"}, {0, ""}} {
-		n, err := toInt32(x.n, x.name)
-		if err != nil {
-			return err
-		}
-		v[i] = n
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.ptr == nil {
-		return invalidArg("decoder is closed")
-	}
-	err := takeError(C.kvpgo_decode_raw(d.ptr, v[0], v[1], v[2], v[3], C.float(a.SMScale),
-		C.float(a.LogitsSoftCap), C.uintptr_t(a.Q), C.int64_t(a.QTokenStride), C.uintptr_t(a.BlockTable),
-		C.int64_t(a.BlockTableStride), v[4], C.uintptr_t(a.SeqLens), C.uintptr_t(a.ALiBiSlopes),
-		C.uintptr_t(a.Out), C.int64_t(a.OutTokenStride), C.uintptr_t(a.LSE), C.uintptr_t(stream)))
-	runtime.KeepAlive(d)
-	return err
+	return d.runRaw(rawAttention{Layer: a.Layer, NumSeqs: a.NumSeqs, SlidingWindow: a.SlidingWindow,
+		SMScale: a.SMScale, LogitsSoftCap: a.LogitsSoftCap, Q: a.Q, QTokenStride: a.QTokenStride,
+		BlockTable: a.BlockTable, BlockTableStride: a.BlockTableStride, BlockTableWidth: a.BlockTableWidth,
+		SeqLens: a.SeqLens, ALiBiSlopes: a.ALiBiSlopes, Out: a.Out, OutTokenStride: a.OutTokenStride,
+		LSE: a.LSE}, false, a.QueryLen, 0, stream)
 }
 
 // AttendArgs is what [Decoder.Attend] attends, in Go memory: a batch whose
@@ -415,53 +309,13 @@ type RawAttendArgs struct {
 // QueryStarts (0 first, non-decreasing, within the capacity, no chunk
 // longer than its context) and names it in the error.
 func (d *Decoder) Attend(a AttendArgs) error {
-	if err := d.cache.requireHost("Attend"); err != nil {
-		return err
-	}
-	qp, qn, qt, err := hostData("Q", a.Q)
+	// No QueryLen: 1 passes its checks.
+	h, err := d.hostCall("Attend", 1, attention{Layer: a.Layer, Q: a.Q, Out: a.Out,
+		QTokenStride: a.QTokenStride, BlockTable: a.BlockTable, BlockTableWidth: a.BlockTableWidth,
+		BlockTableStride: a.BlockTableStride, SeqLens: a.SeqLens, SlidingWindow: a.SlidingWindow,
+		SMScale: a.SMScale, LogitsSoftCap: a.LogitsSoftCap, ALiBiSlopes: a.ALiBiSlopes, LSE: a.LSE})
 	if err != nil {
 		return err
-	}
-	op, on, ot, err := hostData("Out", a.Out)
-	if err != nil {
-		return err
-	}
-	if qt != d.config.QDType {
-		return invalidArg("Q holds %v, the decoder was created with QDType %v", qt, d.config.QDType)
-	}
-	if ot != d.config.OutDType {
-		return invalidArg("Out holds %v, the decoder was created with OutDType %v", ot, d.config.OutDType)
-	}
-	if a.BlockTableWidth < 1 {
-		return invalidArg("BlockTableWidth = %d, must be >= 1", a.BlockTableWidth)
-	}
-	var v [4]C.int32_t
-	for i, x := range []struct {
-		n    int
-		name string
-	}{{a.Layer, "Layer"}, {len(a.SeqLens), "len(SeqLens)"}, {a.SlidingWindow, "SlidingWindow"},
-		{a.BlockTableWidth, "BlockTableWidth"}} {
-		n, err := toInt32(x.n, x.name)
-		if err != nil {
-			return err
-		}
-		v[i] = n
-	}
-	heads := d.config.NumQueryHeads
-	dense := heads * d.cache.info.HeadSize
-	qStride := a.QTokenStride
-	if qStride == 0 {
-		qStride = dense
-	}
-	tStride := a.BlockTableStride
-	if tStride == 0 {
-		tStride = a.BlockTableWidth
-	}
-	if qStride < dense {
-		return invalidArg("QTokenStride = %d, must be 0 or >= NumQueryHeads * HeadSize = %d", a.QTokenStride, dense)
-	}
-	if tStride < a.BlockTableWidth {
-		return invalidArg("BlockTableStride = %d, must be 0 or >= BlockTableWidth = %d", a.BlockTableStride, a.BlockTableWidth)
 	}
 	n := len(a.SeqLens)
 	rows := 0
@@ -469,8 +323,8 @@ func (d *Decoder) Attend(a AttendArgs) error {
 		if len(a.QueryStarts) < n+1 {
 			return invalidArg("QueryStarts has %d elements, needs len(SeqLens) + 1 = %d", len(a.QueryStarts), n+1)
 		}
-		if need := (n-1)*tStride + a.BlockTableWidth; len(a.BlockTable) < need {
-			return invalidArg("BlockTable has %d elements, needs %d for %d sequences", len(a.BlockTable), need, n)
+		if err := checkSizes([]size{h.tableSize(n)}, "for %d sequences", n); err != nil {
+			return err
 		}
 		// A negative total is left to the library, which names it.
 		if last := int(a.QueryStarts[n]); last > 0 {
@@ -478,59 +332,17 @@ func (d *Decoder) Attend(a AttendArgs) error {
 		}
 	}
 	if rows > 0 {
-		for _, x := range []struct {
-			name       string
-			have, need int
-		}{{"Q", qn, (rows-1)*qStride + dense}, {"Out", on, rows * dense}} {
-			if x.have < x.need {
-				return invalidArg("%s has %d elements, needs %d for QueryStarts[%d] = %d query tokens",
-					x.name, x.have, x.need, n, rows)
-			}
-		}
-		if a.LSE != nil && len(a.LSE) < rows*heads {
-			return invalidArg("LSE has %d elements, needs %d", len(a.LSE), rows*heads)
+		if err := checkSizes(h.tokenSizes(rows), "for QueryStarts[%d] = %d query tokens", n, rows); err != nil {
+			return err
 		}
 	}
-	if a.ALiBiSlopes != nil && len(a.ALiBiSlopes) < heads {
-		return invalidArg("ALiBiSlopes has %d values, needs NumQueryHeads = %d", len(a.ALiBiSlopes), heads)
-	}
-	var sp, tp, lp *C.int32_t
-	var ap, lsep *C.float
-	if len(a.QueryStarts) > 0 {
-		sp = (*C.int32_t)(unsafe.Pointer(&a.QueryStarts[0]))
-	}
-	if len(a.BlockTable) > 0 {
-		tp = (*C.int32_t)(unsafe.Pointer(&a.BlockTable[0]))
-	}
-	if len(a.SeqLens) > 0 {
-		lp = (*C.int32_t)(unsafe.Pointer(&a.SeqLens[0]))
-	}
-	if len(a.ALiBiSlopes) > 0 {
-		ap = (*C.float)(unsafe.Pointer(&a.ALiBiSlopes[0]))
-	}
-	if len(a.LSE) > 0 {
-		lsep = (*C.float)(unsafe.Pointer(&a.LSE[0]))
-	}
-
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.ptr == nil {
-		return invalidArg("decoder is closed")
+	if err := h.checkLSEAndALiBi(rows); err != nil {
+		return err
 	}
 	// The CPU backend checks QueryStarts (so that no token past
 	// QueryStarts[len(SeqLens)] is read or written), every length and every
 	// block id on the host before it touches memory.
-	err = takeError(C.kvpgo_attend(d.ptr, v[0], v[1], v[2], C.float(a.SMScale), C.float(a.LogitsSoftCap),
-		sp, qp, C.int64_t(qStride), tp, C.int64_t(tStride), v[3], lp, ap, op, 0, lsep, 0))
-	runtime.KeepAlive(d)
-	runtime.KeepAlive(a.Q)
-	runtime.KeepAlive(a.Out)
-	runtime.KeepAlive(a.QueryStarts)
-	runtime.KeepAlive(a.BlockTable)
-	runtime.KeepAlive(a.SeqLens)
-	runtime.KeepAlive(a.ALiBiSlopes)
-	runtime.KeepAlive(a.LSE)
-	return err
+	return d.run(h, true, a.QueryStarts)
 }
 
 // AttendRaw is kvp_attend with addresses in the cache's memory space, for
@@ -540,28 +352,224 @@ func (d *Decoder) Attend(a AttendArgs) error {
 // from 0, non-decreasing and within the capacity, block ids below
 // NumBlocks and lengths within MaxContextLen and the table.
 func (d *Decoder) AttendRaw(a RawAttendArgs, stream uintptr) error {
-	var v [4]C.int32_t
-	for i, x := range []struct {
+	// No QueryLen: 1 passes its checks.
+	return d.runRaw(rawAttention{Layer: a.Layer, NumSeqs: a.NumSeqs, SlidingWindow: a.SlidingWindow,
+		SMScale: a.SMScale, LogitsSoftCap: a.LogitsSoftCap, Q: a.Q, QTokenStride: a.QTokenStride,
+		BlockTable: a.BlockTable, BlockTableStride: a.BlockTableStride, BlockTableWidth: a.BlockTableWidth,
+		SeqLens: a.SeqLens, ALiBiSlopes: a.ALiBiSlopes, Out: a.Out, OutTokenStride: a.OutTokenStride,
+		LSE: a.LSE}, true, 1, a.QueryStarts, stream)
+}
+
+// ---- What Decode and Attend share ---------------------------------------------
+
+// attention is the fields DecodeArgs and AttendArgs share: those of
+// kvp_decode_args and kvp_attend_args, in Go memory.
+type attention struct {
+	Layer                             int
+	Q, Out                            any
+	QTokenStride                      int
+	BlockTable, SeqLens               []int32
+	BlockTableWidth, BlockTableStride int
+	SlidingWindow                     int
+	SMScale, LogitsSoftCap            float32
+	ALiBiSlopes, LSE                  []float32
+}
+
+// rawAttention is the fields RawDecodeArgs and RawAttendArgs share.
+type rawAttention struct {
+	Layer, NumSeqs, SlidingWindow, BlockTableWidth int
+	SMScale, LogitsSoftCap                         float32
+	Q, BlockTable, SeqLens, ALiBiSlopes, Out, LSE  uintptr
+	QTokenStride, BlockTableStride, OutTokenStride int64
+}
+
+// cInts is the int32 fields of kvp_decode_args and kvp_attend_args, and
+// kvp_decode_args.query_len.
+type cInts struct{ layer, numSeqs, queryLen, window, width C.int32_t }
+
+// toCInts converts them, failing on the first that does not fit.
+func toCInts(layer, numSeqs int, numSeqsName string, queryLen, window, width int) (cInts, error) {
+	var c cInts
+	for _, x := range []struct {
+		to   *C.int32_t
 		n    int
 		name string
-	}{{a.Layer, "Layer"}, {a.NumSeqs, "NumSeqs"}, {a.SlidingWindow, "SlidingWindow"},
-		{a.BlockTableWidth, "BlockTableWidth"}} {
+	}{{&c.layer, layer, "Layer"}, {&c.numSeqs, numSeqs, numSeqsName}, {&c.queryLen, queryLen, "QueryLen"},
+		{&c.window, window, "SlidingWindow"}, {&c.width, width, "BlockTableWidth"}} {
 		n, err := toInt32(x.n, x.name)
 		if err != nil {
-			return err
+			return c, err
 		}
-		v[i] = n
+		*x.to = n
 	}
+	return c, nil
+}
+
+// host is a Decode or Attend call on Go memory, checked as far as the
+// fields the two share go.
+type host struct {
+	attention
+	queryLen         int // Decode's (0 taken as 1); 1 for Attend
+	heads, dense     int // NumQueryHeads, NumQueryHeads*HeadSize
+	qStride, tStride int // QTokenStride and BlockTableStride, 0 resolved
+	q, out           unsafe.Pointer
+	qLen, outLen     int // elements of Q and Out
+	c                cInts
+}
+
+// hostCall checks what Decode and Attend (op) check alike, in the order
+// both check it.
+func (d *Decoder) hostCall(op string, queryLen int, a attention) (*host, error) {
+	if err := d.cache.requireHost(op); err != nil {
+		return nil, err
+	}
+	h := &host{attention: a, queryLen: queryLen}
+	var qt, ot DType
+	var err error
+	if h.q, h.qLen, qt, err = hostData("Q", a.Q); err != nil {
+		return nil, err
+	}
+	if h.out, h.outLen, ot, err = hostData("Out", a.Out); err != nil {
+		return nil, err
+	}
+	if qt != d.config.QDType {
+		return nil, invalidArg("Q holds %v, the decoder was created with QDType %v", qt, d.config.QDType)
+	}
+	if ot != d.config.OutDType {
+		return nil, invalidArg("Out holds %v, the decoder was created with OutDType %v", ot, d.config.OutDType)
+	}
+	if h.queryLen == 0 {
+		h.queryLen = 1
+	}
+	if h.queryLen < 1 {
+		return nil, invalidArg("QueryLen = %d, must be >= 1", queryLen)
+	}
+	if a.BlockTableWidth < 1 {
+		return nil, invalidArg("BlockTableWidth = %d, must be >= 1", a.BlockTableWidth)
+	}
+	if h.c, err = toCInts(a.Layer, len(a.SeqLens), "len(SeqLens)", h.queryLen, a.SlidingWindow,
+		a.BlockTableWidth); err != nil {
+		return nil, err
+	}
+	h.heads = d.config.NumQueryHeads
+	h.dense = h.heads * d.cache.info.HeadSize
+	h.qStride, h.tStride = a.QTokenStride, a.BlockTableStride
+	if h.qStride == 0 {
+		h.qStride = h.dense
+	}
+	if h.tStride == 0 {
+		h.tStride = a.BlockTableWidth
+	}
+	if h.qStride < h.dense {
+		return nil, invalidArg("QTokenStride = %d, must be 0 or >= NumQueryHeads * HeadSize = %d", a.QTokenStride, h.dense)
+	}
+	if h.tStride < a.BlockTableWidth {
+		return nil, invalidArg("BlockTableStride = %d, must be 0 or >= BlockTableWidth = %d", a.BlockTableStride, a.BlockTableWidth)
+	}
+	return h, nil
+}
+
+// size is a buffer's elements: those it has and those the call needs.
+type size struct {
+	name       string
+	have, need int
+}
+
+// tokenSizes is the sizes of Q and Out for rows query tokens.
+func (h *host) tokenSizes(rows int) []size {
+	return []size{{"Q", h.qLen, (rows-1)*h.qStride + h.dense}, {"Out", h.outLen, rows * h.dense}}
+}
+
+// tableSize is the size of BlockTable for n sequences.
+func (h *host) tableSize(n int) size {
+	return size{"BlockTable", len(h.BlockTable), (n-1)*h.tStride + h.BlockTableWidth}
+}
+
+// checkSizes fails on the first of sizes short of its need; format and
+// args end the message.
+func checkSizes(sizes []size, format string, args ...any) error {
+	for _, s := range sizes {
+		if s.have < s.need {
+			return invalidArg("%s has %d elements, needs %d "+format, append([]any{s.name, s.have, s.need}, args...)...)
+		}
+	}
+	return nil
+}
+
+// checkLSEAndALiBi checks LSE for rows query tokens, and ALiBiSlopes.
+func (h *host) checkLSEAndALiBi(rows int) error {
+	if rows > 0 && h.LSE != nil && len(h.LSE) < rows*h.heads {
+		return invalidArg("LSE has %d elements, needs %d", len(h.LSE), rows*h.heads)
+	}
+	if h.ALiBiSlopes != nil && len(h.ALiBiSlopes) < h.heads {
+		return invalidArg("ALiBiSlopes has %d values, needs NumQueryHeads = %d", len(h.ALiBiSlopes), h.heads)
+	}
+	return nil
+}
+
+// first is the address of s[0], nil for an empty s.
+func first[T any](s []T) *T {
+	if len(s) == 0 {
+		return nil
+	}
+	return &s[0]
+}
+
+// run calls kvp_attend with queryStarts where attend is set, else
+// kvp_decode, on the checked call h.
+func (d *Decoder) run(h *host, attend bool, queryStarts []int32) error {
+	sp := (*C.int32_t)(unsafe.Pointer(first(queryStarts)))
+	tp := (*C.int32_t)(unsafe.Pointer(first(h.BlockTable)))
+	lp := (*C.int32_t)(unsafe.Pointer(first(h.SeqLens)))
+	ap := (*C.float)(unsafe.Pointer(first(h.ALiBiSlopes)))
+	lsep := (*C.float)(unsafe.Pointer(first(h.LSE)))
+	err := d.call(func(p *C.kvp_decoder) *C.kvp_error {
+		return C.kvpgo_attention(p, cFlag(attend), h.c.queryLen, sp, h.c.layer, h.c.numSeqs, h.c.window,
+			C.float(h.SMScale), C.float(h.LogitsSoftCap), h.q, C.int64_t(h.qStride), tp, C.int64_t(h.tStride),
+			h.c.width, lp, ap, h.out, 0, lsep, 0)
+	})
+	runtime.KeepAlive(h.Q)
+	runtime.KeepAlive(h.Out)
+	runtime.KeepAlive(queryStarts)
+	runtime.KeepAlive(h.BlockTable)
+	runtime.KeepAlive(h.SeqLens)
+	runtime.KeepAlive(h.ALiBiSlopes)
+	runtime.KeepAlive(h.LSE)
+	return err
+}
+
+// runRaw is run for addresses in the cache's memory space, launched on
+// stream.
+func (d *Decoder) runRaw(a rawAttention, attend bool, queryLen int, queryStarts, stream uintptr) error {
+	c, err := toCInts(a.Layer, a.NumSeqs, "NumSeqs", queryLen, a.SlidingWindow, a.BlockTableWidth)
+	if err != nil {
+		return err
+	}
+	return d.call(func(p *C.kvp_decoder) *C.kvp_error {
+		return C.kvpgo_attention_raw(p, cFlag(attend), c.queryLen, C.uintptr_t(queryStarts), c.layer,
+			c.numSeqs, c.window, C.float(a.SMScale), C.float(a.LogitsSoftCap), C.uintptr_t(a.Q),
+			C.int64_t(a.QTokenStride), C.uintptr_t(a.BlockTable), C.int64_t(a.BlockTableStride), c.width,
+			C.uintptr_t(a.SeqLens), C.uintptr_t(a.ALiBiSlopes), C.uintptr_t(a.Out),
+			C.int64_t(a.OutTokenStride), C.uintptr_t(a.LSE), C.uintptr_t(stream))
+	})
+}
+
+// call runs f on the open decoder, serialized with its other calls.
+func (d *Decoder) call(f func(*C.kvp_decoder) *C.kvp_error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ptr == nil {
 		return invalidArg("decoder is closed")
 	}
-	err := takeError(C.kvpgo_attend_raw(d.ptr, v[0], v[1], v[2], C.float(a.SMScale),
-		C.float(a.LogitsSoftCap), C.uintptr_t(a.QueryStarts), C.uintptr_t(a.Q), C.int64_t(a.QTokenStride),
-		C.uintptr_t(a.BlockTable), C.int64_t(a.BlockTableStride), v[3], C.uintptr_t(a.SeqLens),
-		C.uintptr_t(a.ALiBiSlopes), C.uintptr_t(a.Out), C.int64_t(a.OutTokenStride), C.uintptr_t(a.LSE),
-		C.uintptr_t(stream)))
+	err := takeError(f(d.ptr))
 	runtime.KeepAlive(d)
 	return err
+}
+
+// cFlag is b as a C int32 (1 or 0).
+func cFlag(b bool) C.int32_t {
+	if b {
+		return 1
+	}
+	return 0
 }

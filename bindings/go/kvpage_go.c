@@ -83,87 +83,66 @@ void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t 
   c->max_query_tokens = max_query_tokens;
 }
 
-kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs, int32_t query_len,
-                        int32_t sliding_window, float sm_scale, float logits_soft_cap,
-                        const void* q, int64_t q_token_stride, const int32_t* block_table,
-                        int64_t block_table_stride, int32_t block_table_width,
-                        const int32_t* seq_lens, const float* alibi_slopes, void* out,
-                        int64_t out_token_stride, float* lse, uintptr_t stream) {
-  kvp_decode_args a;
-  kvp_decode_args_init(&a);
-  a.layer = layer;
-  a.num_seqs = num_seqs;
-  a.query_len = query_len;
-  a.sliding_window = sliding_window;
-  a.sm_scale = sm_scale;
-  a.logits_soft_cap = logits_soft_cap;
-  a.q = q;
-  a.q_token_stride = q_token_stride;
-  a.block_table = block_table;
-  a.block_table_stride = block_table_stride;
-  a.block_table_width = block_table_width;
-  a.seq_lens = seq_lens;
-  a.alibi_slopes = alibi_slopes;
-  a.out = out;
-  a.out_token_stride = out_token_stride;
-  a.lse = lse;
-  return kvp_decode(decoder, &a, (void*)stream);
-}
-
-kvp_error* kvpgo_decode_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
-                            int32_t query_len, int32_t sliding_window, float sm_scale,
-                            float logits_soft_cap, uintptr_t q, int64_t q_token_stride,
-                            uintptr_t block_table, int64_t block_table_stride,
-                            int32_t block_table_width, uintptr_t seq_lens, uintptr_t alibi_slopes,
-                            uintptr_t out, int64_t out_token_stride, uintptr_t lse,
-                            uintptr_t stream) {
-  return kvpgo_decode(decoder, layer, num_seqs, query_len, sliding_window, sm_scale,
-                      logits_soft_cap, (const void*)q, q_token_stride, (const int32_t*)block_table,
-                      block_table_stride, block_table_width, (const int32_t*)seq_lens,
-                      (const float*)alibi_slopes, (void*)out, out_token_stride, (float*)lse,
-                      stream);
-}
-
-kvp_error* kvpgo_attend(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
-                        int32_t sliding_window, float sm_scale, float logits_soft_cap,
-                        const int32_t* query_starts, const void* q, int64_t q_token_stride,
-                        const int32_t* block_table, int64_t block_table_stride,
-                        int32_t block_table_width, const int32_t* seq_lens,
-                        const float* alibi_slopes, void* out, int64_t out_token_stride, float* lse,
-                        uintptr_t stream) {
+kvp_error* kvpgo_attention(kvp_decoder* decoder, int32_t attend, int32_t query_len,
+                           const int32_t* query_starts, int32_t layer, int32_t num_seqs,
+                           int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                           const void* q, int64_t q_token_stride, const int32_t* block_table,
+                           int64_t block_table_stride, int32_t block_table_width,
+                           const int32_t* seq_lens, const float* alibi_slopes, void* out,
+                           int64_t out_token_stride, float* lse, uintptr_t stream) {
+  kvp_decode_args d;
+  kvp_decode_args_init(&d);
+  d.layer = layer;
+  d.num_seqs = num_seqs;
+  d.query_len = query_len;
+  d.sliding_window = sliding_window;
+  d.sm_scale = sm_scale;
+  d.logits_soft_cap = logits_soft_cap;
+  d.q = q;
+  d.q_token_stride = q_token_stride;
+  d.block_table = block_table;
+  d.block_table_stride = block_table_stride;
+  d.block_table_width = block_table_width;
+  d.seq_lens = seq_lens;
+  d.alibi_slopes = alibi_slopes;
+  d.out = out;
+  d.out_token_stride = out_token_stride;
+  d.lse = lse;
+  if (!attend) return kvp_decode(decoder, &d, (void*)stream);
+  /* kvp_attend_args: query_starts for query_len, the rest as d has it. */
   kvp_attend_args a;
   kvp_attend_args_init(&a);
-  a.layer = layer;
-  a.num_seqs = num_seqs;
-  a.sliding_window = sliding_window;
-  a.sm_scale = sm_scale;
-  a.logits_soft_cap = logits_soft_cap;
   a.query_starts = query_starts;
-  a.q = q;
-  a.q_token_stride = q_token_stride;
-  a.block_table = block_table;
-  a.block_table_stride = block_table_stride;
-  a.block_table_width = block_table_width;
-  a.seq_lens = seq_lens;
-  a.alibi_slopes = alibi_slopes;
-  a.out = out;
-  a.out_token_stride = out_token_stride;
-  a.lse = lse;
+  a.layer = d.layer;
+  a.num_seqs = d.num_seqs;
+  a.sliding_window = d.sliding_window;
+  a.sm_scale = d.sm_scale;
+  a.logits_soft_cap = d.logits_soft_cap;
+  a.q = d.q;
+  a.q_token_stride = d.q_token_stride;
+  a.block_table = d.block_table;
+  a.block_table_stride = d.block_table_stride;
+  a.block_table_width = d.block_table_width;
+  a.seq_lens = d.seq_lens;
+  a.alibi_slopes = d.alibi_slopes;
+  a.out = d.out;
+  a.out_token_stride = d.out_token_stride;
+  a.lse = d.lse;
   return kvp_attend(decoder, &a, (void*)stream);
 }
 
-kvp_error* kvpgo_attend_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
-                            int32_t sliding_window, float sm_scale, float logits_soft_cap,
-                            uintptr_t query_starts, uintptr_t q, int64_t q_token_stride,
-                            uintptr_t block_table, int64_t block_table_stride,
-                            int32_t block_table_width, uintptr_t seq_lens, uintptr_t alibi_slopes,
-                            uintptr_t out, int64_t out_token_stride, uintptr_t lse,
-                            uintptr_t stream) {
-  return kvpgo_attend(decoder, layer, num_seqs, sliding_window, sm_scale, logits_soft_cap,
-                      (const int32_t*)query_starts, (const void*)q, q_token_stride,
-                      (const int32_t*)block_table, block_table_stride, block_table_width,
-                      (const int32_t*)seq_lens, (const float*)alibi_slopes, (void*)out,
-                      out_token_stride, (float*)lse, stream);
+kvp_error* kvpgo_attention_raw(kvp_decoder* decoder, int32_t attend, int32_t query_len,
+                               uintptr_t query_starts, int32_t layer, int32_t num_seqs,
+                               int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                               uintptr_t q, int64_t q_token_stride, uintptr_t block_table,
+                               int64_t block_table_stride, int32_t block_table_width,
+                               uintptr_t seq_lens, uintptr_t alibi_slopes, uintptr_t out,
+                               int64_t out_token_stride, uintptr_t lse, uintptr_t stream) {
+  return kvpgo_attention(decoder, attend, query_len, (const int32_t*)query_starts, layer, num_seqs,
+                         sliding_window, sm_scale, logits_soft_cap, (const void*)q, q_token_stride,
+                         (const int32_t*)block_table, block_table_stride, block_table_width,
+                         (const int32_t*)seq_lens, (const float*)alibi_slopes, (void*)out,
+                         out_token_stride, (float*)lse, stream);
 }
 
 void kvpgo_read_host(void* dst, uintptr_t src, size_t n) { memcpy(dst, (const void*)src, n); }

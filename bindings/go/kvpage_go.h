@@ -43,36 +43,24 @@ void kvpgo_decode_config(kvp_decode_config* c, int32_t num_query_heads, int32_t 
                          int32_t out_dtype, uintptr_t workspace, uint64_t workspace_bytes,
                          int32_t precise, int32_t max_query_tokens);
 
-kvp_error* kvpgo_decode(kvp_decoder* decoder, int32_t layer, int32_t num_seqs, int32_t query_len,
-                        int32_t sliding_window, float sm_scale, float logits_soft_cap,
-                        const void* q, int64_t q_token_stride, const int32_t* block_table,
-                        int64_t block_table_stride, int32_t block_table_width,
-                        const int32_t* seq_lens, const float* alibi_slopes, void* out,
-                        int64_t out_token_stride, float* lse, uintptr_t stream);
+/* Runs kvp_attend (with query_starts) where attend is nonzero, else kvp_decode
+ * (with query_len); the other arguments are the fields the two share. */
+kvp_error* kvpgo_attention(kvp_decoder* decoder, int32_t attend, int32_t query_len,
+                           const int32_t* query_starts, int32_t layer, int32_t num_seqs,
+                           int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                           const void* q, int64_t q_token_stride, const int32_t* block_table,
+                           int64_t block_table_stride, int32_t block_table_width,
+                           const int32_t* seq_lens, const float* alibi_slopes, void* out,
+                           int64_t out_token_stride, float* lse, uintptr_t stream);
 
-kvp_error* kvpgo_decode_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
-                            int32_t query_len, int32_t sliding_window, float sm_scale,
-                            float logits_soft_cap, uintptr_t q, int64_t q_token_stride,
-                            uintptr_t block_table, int64_t block_table_stride,
-                            int32_t block_table_width, uintptr_t seq_lens, uintptr_t alibi_slopes,
-                            uintptr_t out, int64_t out_token_stride, uintptr_t lse,
-                            uintptr_t stream);
-
-kvp_error* kvpgo_attend(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
-                        int32_t sliding_window, float sm_scale, float logits_soft_cap,
-                        const int32_t* query_starts, const void* q, int64_t q_token_stride,
-                        const int32_t* block_table, int64_t block_table_stride,
-                        int32_t block_table_width, const int32_t* seq_lens,
-                        const float* alibi_slopes, void* out, int64_t out_token_stride, float* lse,
-                        uintptr_t stream);
-
-kvp_error* kvpgo_attend_raw(kvp_decoder* decoder, int32_t layer, int32_t num_seqs,
-                            int32_t sliding_window, float sm_scale, float logits_soft_cap,
-                            uintptr_t query_starts, uintptr_t q, int64_t q_token_stride,
-                            uintptr_t block_table, int64_t block_table_stride,
-                            int32_t block_table_width, uintptr_t seq_lens, uintptr_t alibi_slopes,
-                            uintptr_t out, int64_t out_token_stride, uintptr_t lse,
-                            uintptr_t stream);
+/* kvpgo_attention with addresses in the cache's memory space. */
+kvp_error* kvpgo_attention_raw(kvp_decoder* decoder, int32_t attend, int32_t query_len,
+                               uintptr_t query_starts, int32_t layer, int32_t num_seqs,
+                               int32_t sliding_window, float sm_scale, float logits_soft_cap,
+                               uintptr_t q, int64_t q_token_stride, uintptr_t block_table,
+                               int64_t block_table_stride, int32_t block_table_width,
+                               uintptr_t seq_lens, uintptr_t alibi_slopes, uintptr_t out,
+                               int64_t out_token_stride, uintptr_t lse, uintptr_t stream);
 
 /* Copies n bytes of host memory at address src (e.g. a CPU cache's layout
  * pointer) into dst. */

@@ -103,6 +103,24 @@ func (s *seqKV) truncate(n int) { s.k, s.v = s.k[:n*tDense], s.v[:n*tDense] }
 func (s seqKV) clone() seqKV {
 	return seqKV{append([]float64(nil), s.k...), append([]float64(nil), s.v...)}
 }
+
+// writeSeqs creates sequences of lens tokens in cache, writes random FP16 K
+// and V to layer 0, and returns them with their models.
+func writeSeqs(t *testing.T, r *rand.Rand, cache *Cache, lens []int) ([]SeqID, []*seqKV) {
+	var seqs []SeqID
+	var models []*seqKV
+	for _, n := range lens {
+		s := must(cache.CreateSeq())
+		slots := must(cache.Append(s, n))
+		k, v := halves(r, n*tDense), halves(r, n*tDense)
+		ok(t, cache.Write(WriteArgs{Key: k, Value: v, SlotMapping: slots}))
+		m := &seqKV{}
+		m.push(k, v)
+		seqs, models = append(seqs, s), append(models, m)
+	}
+	return seqs, models
+}
+
 func alibiSlopes() []float32   { return []float32{0.5, 0.25, 0.125, 0.0625} }
 func poison32(n int) []float32 { x := make([]float32, n); fill(x, float32(math.NaN())); return x }
 func fill[T any](x []T, v T) {
@@ -727,17 +745,7 @@ func TestPreciseDecoderOnCPU(t *testing.T) {
 		cfg := DefaultCacheConfig()
 		cfg.NumBlocks, cfg.NumKVHeads, cfg.HeadSize, cfg.KDType, cfg.VDType = 8, tKVHeads, tD, dt, dt
 		cache := must(NewCache(cfg))
-		var seqs []SeqID
-		var models []*seqKV
-		for _, n := range []int{21, 6} {
-			s := must(cache.CreateSeq())
-			slots := must(cache.Append(s, n))
-			k, v := halves(r, n*tDense), halves(r, n*tDense)
-			ok(t, cache.Write(WriteArgs{Key: k, Value: v, SlotMapping: slots}))
-			m := &seqKV{}
-			m.push(k, v)
-			seqs, models = append(seqs, s), append(models, m)
-		}
+		seqs, models := writeSeqs(t, r, cache, []int{21, 6})
 		table := must(cache.BlockTable(seqs, 2))
 		dc := DecodeConfig{NumQueryHeads: tQHeads, MaxNumSeqs: 2, MaxContextLen: 32, MaxQueryLen: 1,
 			QDType: FP32, OutDType: FP32}

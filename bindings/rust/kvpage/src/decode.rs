@@ -39,13 +39,19 @@ pub struct DecodeConfig {
     pub max_query_tokens: i32,
 }
 
-fn raw_decode_config() -> sys::kvp_decode_config {
-    let mut c = MaybeUninit::<sys::kvp_decode_config>::zeroed();
-    // SAFETY: init fills the whole struct.
+/// A header struct as its `kvp_*_init` function fills it.
+fn c_init<T>(init: unsafe extern "C" fn(*mut T)) -> T {
+    let mut c = MaybeUninit::<T>::zeroed();
+    // SAFETY: the header's init functions fill the struct they are given;
+    // all zeros is a valid value of every header struct besides.
     unsafe {
-        sys::kvp_decode_config_init(c.as_mut_ptr());
+        init(c.as_mut_ptr());
         c.assume_init()
     }
+}
+
+fn raw_decode_config() -> sys::kvp_decode_config {
+    c_init(sys::kvp_decode_config_init)
 }
 
 impl Default for DecodeConfig {
@@ -148,6 +154,58 @@ impl<'a, Q: Element> DecodeArgs<'a, Q> {
             alibi_slopes: None,
         }
     }
+}
+
+/// A `$ty` literal: the shared fields from `$src` (any struct that has
+/// them), then `$rest` (the type's own fields, and `..base`).
+macro_rules! with_shared {
+    ($ty:path, $src:expr, { $($rest:tt)* }) => {{
+        let s = $src;
+        $ty {
+            layer: s.layer,
+            num_seqs: s.num_seqs,
+            sliding_window: s.sliding_window,
+            sm_scale: s.sm_scale,
+            logits_soft_cap: s.logits_soft_cap,
+            q: s.q,
+            q_token_stride: s.q_token_stride,
+            block_table: s.block_table,
+            block_table_stride: s.block_table_stride,
+            block_table_width: s.block_table_width,
+            seq_lens: s.seq_lens,
+            alibi_slopes: s.alibi_slopes,
+            out: s.out,
+            out_token_stride: s.out_token_stride,
+            lse: s.lse,
+            $($rest)*
+        }
+    }};
+}
+
+/// A `$ty` literal from a host call's [`DecodeArgs`] or [`AttendArgs`]:
+/// the shared fields, strides resolved by `$l` (a `Layout`), then `$rest`.
+macro_rules! from_host {
+    ($ty:path, $args:expr, $num_seqs:expr, $l:expr, $out:expr, $lse:expr, { $($rest:tt)* }) => {{
+        let a = $args;
+        $ty {
+            layer: a.layer,
+            num_seqs: $num_seqs,
+            sliding_window: a.sliding_window,
+            sm_scale: a.sm_scale,
+            logits_soft_cap: a.logits_soft_cap,
+            q: a.q.as_ptr() as *const c_void,
+            q_token_stride: $l.q_stride as i64,
+            block_table: a.block_table.as_ptr(),
+            block_table_stride: $l.t_stride as i64,
+            block_table_width: a.block_table_width,
+            seq_lens: a.seq_lens.as_ptr(),
+            alibi_slopes: a.alibi_slopes.map_or(ptr::null(), |x| x.as_ptr()),
+            out: $out.as_mut_ptr() as *mut c_void,
+            out_token_stride: 0,
+            lse: $lse.map_or(ptr::null_mut(), |x| x.as_mut_ptr()),
+            $($rest)*
+        }
+    }};
 }
 
 /// [`Decoder::decode_raw`]'s arguments, as `kvp_decode_args`: pointers in the
@@ -274,24 +332,9 @@ pub struct RawAttendArgs {
 
 impl Default for RawAttendArgs {
     fn default() -> RawAttendArgs {
-        RawAttendArgs {
-            layer: 0,
-            num_seqs: 0,
-            sliding_window: 0,
-            sm_scale: 0.0,
-            logits_soft_cap: 0.0,
+        with_shared!(RawAttendArgs, RawDecodeArgs::default(), {
             query_starts: ptr::null(),
-            q: ptr::null(),
-            q_token_stride: 0,
-            block_table: ptr::null(),
-            block_table_stride: 0,
-            block_table_width: 0,
-            seq_lens: ptr::null(),
-            alibi_slopes: ptr::null(),
-            out: ptr::null_mut(),
-            out_token_stride: 0,
-            lse: ptr::null_mut(),
-        }
+        })
     }
 }
 
@@ -396,115 +439,31 @@ impl Decoder {
         out: &mut [O],
         lse: Option<&mut [f32]>,
     ) -> Result<()> {
-        self.cache.require_host("decode")?;
-        let bad = |m: String| Err(Error::invalid_argument(m));
-        if Q::DTYPE != self.config.q_dtype {
-            return bad(format!(
-                "q: elements are {:?}, the decoder was created with q_dtype {:?}",
-                Q::DTYPE,
-                self.config.q_dtype
-            ));
-        }
-        if O::DTYPE != self.config.out_dtype {
-            return bad(format!(
-                "out: elements are {:?}, the decoder was created with out_dtype {:?}",
-                O::DTYPE,
-                self.config.out_dtype
-            ));
-        }
-        let info = self.cache.info();
-        let num_seqs = i32::try_from(args.seq_lens.len())
-            .map_err(|_| Error::invalid_argument("seq_lens is too long".into()))?;
+        let num_seqs = self.host_call::<Q, O>("decode", args.seq_lens)?;
         if args.query_len < 1 {
             return bad(format!("query_len = {}, must be >= 1", args.query_len));
         }
-        if args.block_table_width < 1 {
-            return bad(format!(
-                "block_table_width = {}, must be >= 1",
-                args.block_table_width
-            ));
-        }
-        let rows = args.seq_lens.len() * args.query_len as usize;
-        let heads = self.config.num_query_heads.max(0) as usize;
-        let dense = heads * info.head_size as usize;
-        let q_stride = if args.q_token_stride == 0 {
-            dense
-        } else {
-            args.q_token_stride
-        };
-        let width = args.block_table_width as usize;
-        let t_stride = if args.block_table_stride == 0 {
-            width
-        } else {
-            args.block_table_stride
-        };
-        if q_stride < dense {
-            return bad(format!(
-                "q_token_stride = {}, must be 0 or >= num_query_heads * head_size = {}",
-                q_stride, dense
-            ));
-        }
-        if t_stride < width {
-            return bad(format!(
-                "block_table_stride = {}, must be 0 or >= block_table_width = {}",
-                t_stride, width
-            ));
-        }
+        let l = self.layout(
+            args.q_token_stride,
+            args.block_table_width,
+            args.block_table_stride,
+        )?;
+        let n = args.seq_lens.len();
+        let rows = n * args.query_len as usize;
         if rows > 0 {
-            let checks = [
-                ("q", args.q.len(), (rows - 1) * q_stride + dense),
-                ("out", out.len(), rows * dense),
-                (
-                    "block_table",
-                    args.block_table.len(),
-                    (args.seq_lens.len() - 1) * t_stride + width,
-                ),
-            ];
-            for (name, have, need) in checks {
-                if have < need {
-                    return bad(format!(
-                        "{} has {} elements, needs {} for {} sequences x {} query tokens",
-                        name, have, need, num_seqs, args.query_len
-                    ));
-                }
-            }
-            if let Some(l) = &lse {
-                if l.len() < rows * heads {
-                    return bad(format!(
-                        "lse has {} elements, needs {}",
-                        l.len(),
-                        rows * heads
-                    ));
-                }
-            }
+            let [q, o] = l.token_sizes(rows, args.q.len(), out.len());
+            let table = ("block_table", args.block_table.len(), l.table_need(n));
+            check_sizes(&[q, o, table], || {
+                format!(
+                    "for {} sequences x {} query tokens",
+                    num_seqs, args.query_len
+                )
+            })?;
         }
-        if let Some(a) = args.alibi_slopes {
-            if a.len() < heads {
-                return bad(format!(
-                    "alibi_slopes has {} values, needs num_query_heads = {}",
-                    a.len(),
-                    heads
-                ));
-            }
-        }
-        let raw = RawDecodeArgs {
-            layer: args.layer,
-            num_seqs,
+        l.check_lse_alibi(rows, lse.as_deref(), args.alibi_slopes)?;
+        let raw = from_host!(RawDecodeArgs, args, num_seqs, l, out, lse, {
             query_len: args.query_len,
-            sliding_window: args.sliding_window,
-            sm_scale: args.sm_scale,
-            logits_soft_cap: args.logits_soft_cap,
-            q: args.q.as_ptr() as *const c_void,
-            q_token_stride: q_stride as i64,
-            block_table: args.block_table.as_ptr(),
-            block_table_stride: t_stride as i64,
-            block_table_width: args.block_table_width,
-            seq_lens: args.seq_lens.as_ptr(),
-            alibi_slopes: args.alibi_slopes.map_or(ptr::null(), |a| a.as_ptr()),
-            out: out.as_mut_ptr() as *mut c_void,
-            out_token_stride: 0,
-            lse: lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr()),
-        };
+        });
         // SAFETY: host cache; every buffer covers what the library reads or
         // writes for these sizes (checked above); the CPU backend checks
         // every length against max_context_len and the table width, and
@@ -522,25 +481,10 @@ impl Decoder {
     /// lengths within `max_context_len` and the table (the CUDA backend
     /// cannot check values that live in device memory).
     pub unsafe fn decode_raw(&mut self, args: &RawDecodeArgs, stream: Stream) -> Result<()> {
-        let mut a = MaybeUninit::<sys::kvp_decode_args>::zeroed();
-        sys::kvp_decode_args_init(a.as_mut_ptr());
-        let mut a = a.assume_init();
-        a.layer = args.layer;
-        a.num_seqs = args.num_seqs;
-        a.query_len = args.query_len;
-        a.sliding_window = args.sliding_window;
-        a.sm_scale = args.sm_scale;
-        a.logits_soft_cap = args.logits_soft_cap;
-        a.q = args.q;
-        a.q_token_stride = args.q_token_stride;
-        a.block_table = args.block_table;
-        a.block_table_stride = args.block_table_stride;
-        a.block_table_width = args.block_table_width;
-        a.seq_lens = args.seq_lens;
-        a.alibi_slopes = args.alibi_slopes;
-        a.out = args.out;
-        a.out_token_stride = args.out_token_stride;
-        a.lse = args.lse;
+        let a = with_shared!(sys::kvp_decode_args, *args, {
+            query_len: args.query_len,
+            ..c_init(sys::kvp_decode_args_init)
+        });
         check(sys::kvp_decode(self.raw.as_ptr(), &a, stream.as_raw()))
     }
 
@@ -557,57 +501,13 @@ impl Decoder {
         out: &mut [O],
         lse: Option<&mut [f32]>,
     ) -> Result<()> {
-        self.cache.require_host("attend")?;
-        let bad = |m: String| Err(Error::invalid_argument(m));
-        if Q::DTYPE != self.config.q_dtype {
-            return bad(format!(
-                "q: elements are {:?}, the decoder was created with q_dtype {:?}",
-                Q::DTYPE,
-                self.config.q_dtype
-            ));
-        }
-        if O::DTYPE != self.config.out_dtype {
-            return bad(format!(
-                "out: elements are {:?}, the decoder was created with out_dtype {:?}",
-                O::DTYPE,
-                self.config.out_dtype
-            ));
-        }
-        let info = self.cache.info();
+        let num_seqs = self.host_call::<Q, O>("attend", args.seq_lens)?;
+        let l = self.layout(
+            args.q_token_stride,
+            args.block_table_width,
+            args.block_table_stride,
+        )?;
         let n = args.seq_lens.len();
-        let num_seqs =
-            i32::try_from(n).map_err(|_| Error::invalid_argument("seq_lens is too long".into()))?;
-        if args.block_table_width < 1 {
-            return bad(format!(
-                "block_table_width = {}, must be >= 1",
-                args.block_table_width
-            ));
-        }
-        let heads = self.config.num_query_heads.max(0) as usize;
-        let dense = heads * info.head_size as usize;
-        let q_stride = if args.q_token_stride == 0 {
-            dense
-        } else {
-            args.q_token_stride
-        };
-        let width = args.block_table_width as usize;
-        let t_stride = if args.block_table_stride == 0 {
-            width
-        } else {
-            args.block_table_stride
-        };
-        if q_stride < dense {
-            return bad(format!(
-                "q_token_stride = {}, must be 0 or >= num_query_heads * head_size = {}",
-                q_stride, dense
-            ));
-        }
-        if t_stride < width {
-            return bad(format!(
-                "block_table_stride = {}, must be 0 or >= block_table_width = {}",
-                t_stride, width
-            ));
-        }
         if n > 0 {
             if args.query_starts.len() < n + 1 {
                 return bad(format!(
@@ -616,15 +516,8 @@ impl Decoder {
                     n + 1
                 ));
             }
-            let need = (n - 1) * t_stride + width;
-            if args.block_table.len() < need {
-                return bad(format!(
-                    "block_table has {} elements, needs {} for {} sequences",
-                    args.block_table.len(),
-                    need,
-                    n
-                ));
-            }
+            let table = ("block_table", args.block_table.len(), l.table_need(n));
+            check_sizes(&[table], || format!("for {} sequences", n))?;
         }
         // A negative total is left to the library, which names it.
         let rows = if n > 0 {
@@ -633,55 +526,14 @@ impl Decoder {
             0
         };
         if rows > 0 {
-            let checks = [
-                ("q", args.q.len(), (rows - 1) * q_stride + dense),
-                ("out", out.len(), rows * dense),
-            ];
-            for (name, have, need) in checks {
-                if have < need {
-                    return bad(format!(
-                        "{} has {} elements, needs {} for query_starts[{}] = {} query tokens",
-                        name, have, need, n, rows
-                    ));
-                }
-            }
-            if let Some(l) = &lse {
-                if l.len() < rows * heads {
-                    return bad(format!(
-                        "lse has {} elements, needs {}",
-                        l.len(),
-                        rows * heads
-                    ));
-                }
-            }
+            check_sizes(&l.token_sizes(rows, args.q.len(), out.len()), || {
+                format!("for query_starts[{}] = {} query tokens", n, rows)
+            })?;
         }
-        if let Some(a) = args.alibi_slopes {
-            if a.len() < heads {
-                return bad(format!(
-                    "alibi_slopes has {} values, needs num_query_heads = {}",
-                    a.len(),
-                    heads
-                ));
-            }
-        }
-        let raw = RawAttendArgs {
-            layer: args.layer,
-            num_seqs,
-            sliding_window: args.sliding_window,
-            sm_scale: args.sm_scale,
-            logits_soft_cap: args.logits_soft_cap,
+        l.check_lse_alibi(rows, lse.as_deref(), args.alibi_slopes)?;
+        let raw = from_host!(RawAttendArgs, args, num_seqs, l, out, lse, {
             query_starts: args.query_starts.as_ptr(),
-            q: args.q.as_ptr() as *const c_void,
-            q_token_stride: q_stride as i64,
-            block_table: args.block_table.as_ptr(),
-            block_table_stride: t_stride as i64,
-            block_table_width: args.block_table_width,
-            seq_lens: args.seq_lens.as_ptr(),
-            alibi_slopes: args.alibi_slopes.map_or(ptr::null(), |a| a.as_ptr()),
-            out: out.as_mut_ptr() as *mut c_void,
-            out_token_stride: 0,
-            lse: lse.map_or(ptr::null_mut(), |l| l.as_mut_ptr()),
-        };
+        });
         // SAFETY: host cache; the buffers cover query_starts[num_seqs] tokens
         // and num_seqs table rows (checked above); the CPU backend checks
         // query_starts (from 0, non-decreasing, within max_query_tokens, so
@@ -701,25 +553,155 @@ impl Decoder {
     /// within `max_context_len` and the table (the CUDA backend checks
     /// values in device memory only in checked mode).
     pub unsafe fn attend_raw(&mut self, args: &RawAttendArgs, stream: Stream) -> Result<()> {
-        let mut a = MaybeUninit::<sys::kvp_attend_args>::zeroed();
-        sys::kvp_attend_args_init(a.as_mut_ptr());
-        let mut a = a.assume_init();
-        a.layer = args.layer;
-        a.num_seqs = args.num_seqs;
-        a.sliding_window = args.sliding_window;
-        a.sm_scale = args.sm_scale;
-        a.logits_soft_cap = args.logits_soft_cap;
-        a.query_starts = args.query_starts;
-        a.q = args.q;
-        a.q_token_stride = args.q_token_stride;
-        a.block_table = args.block_table;
-        a.block_table_stride = args.block_table_stride;
-        a.block_table_width = args.block_table_width;
-        a.seq_lens = args.seq_lens;
-        a.alibi_slopes = args.alibi_slopes;
-        a.out = args.out;
-        a.out_token_stride = args.out_token_stride;
-        a.lse = args.lse;
+        let a = with_shared!(sys::kvp_attend_args, *args, {
+            query_starts: args.query_starts,
+            ..c_init(sys::kvp_attend_args_init)
+        });
         check(sys::kvp_attend(self.raw.as_ptr(), &a, stream.as_raw()))
+    }
+
+    /// The checks every host call starts with: a CPU cache, and `Q` and `O`
+    /// the decoder's types. Returns the number of sequences.
+    fn host_call<Q: Element, O: Element>(&self, what: &str, seq_lens: &[i32]) -> Result<i32> {
+        self.cache.require_host(what)?;
+        if Q::DTYPE != self.config.q_dtype {
+            return bad(format!(
+                "q: elements are {:?}, the decoder was created with q_dtype {:?}",
+                Q::DTYPE,
+                self.config.q_dtype
+            ));
+        }
+        if O::DTYPE != self.config.out_dtype {
+            return bad(format!(
+                "out: elements are {:?}, the decoder was created with out_dtype {:?}",
+                O::DTYPE,
+                self.config.out_dtype
+            ));
+        }
+        i32::try_from(seq_lens.len())
+            .map_err(|_| Error::invalid_argument("seq_lens is too long".into()))
+    }
+
+    /// Resolves and checks a host call's strides (0 = dense).
+    fn layout(
+        &self,
+        q_token_stride: usize,
+        block_table_width: i32,
+        block_table_stride: usize,
+    ) -> Result<Layout> {
+        if block_table_width < 1 {
+            return bad(format!(
+                "block_table_width = {}, must be >= 1",
+                block_table_width
+            ));
+        }
+        let heads = self.config.num_query_heads.max(0) as usize;
+        let dense = heads * self.cache.info().head_size as usize;
+        let width = block_table_width as usize;
+        let l = Layout {
+            heads,
+            dense,
+            q_stride: if q_token_stride == 0 {
+                dense
+            } else {
+                q_token_stride
+            },
+            width,
+            t_stride: if block_table_stride == 0 {
+                width
+            } else {
+                block_table_stride
+            },
+        };
+        if l.q_stride < dense {
+            return bad(format!(
+                "q_token_stride = {}, must be 0 or >= num_query_heads * head_size = {}",
+                l.q_stride, dense
+            ));
+        }
+        if l.t_stride < width {
+            return bad(format!(
+                "block_table_stride = {}, must be 0 or >= block_table_width = {}",
+                l.t_stride, width
+            ));
+        }
+        Ok(l)
+    }
+}
+
+fn bad<T>(message: String) -> Result<T> {
+    Err(Error::invalid_argument(message))
+}
+
+/// `(name, elements given, elements needed)` of one buffer.
+type Size = (&'static str, usize, usize);
+
+/// Fails on the first buffer of `sizes` shorter than it needs; `what` ends
+/// the message.
+fn check_sizes(sizes: &[Size], what: impl Fn() -> String) -> Result<()> {
+    for &(name, have, need) in sizes {
+        if have < need {
+            return bad(format!(
+                "{} has {} elements, needs {} {}",
+                name,
+                have,
+                need,
+                what()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The strides of a host call, resolved.
+struct Layout {
+    heads: usize,
+    /// `num_query_heads * head_size`.
+    dense: usize,
+    q_stride: usize,
+    width: usize,
+    t_stride: usize,
+}
+
+impl Layout {
+    /// The sizes of `q` and `out` for `rows` query tokens.
+    fn token_sizes(&self, rows: usize, q: usize, out: usize) -> [Size; 2] {
+        [
+            ("q", q, (rows - 1) * self.q_stride + self.dense),
+            ("out", out, rows * self.dense),
+        ]
+    }
+
+    /// Elements a block table of `n` rows needs.
+    fn table_need(&self, n: usize) -> usize {
+        (n - 1) * self.t_stride + self.width
+    }
+
+    /// Checks `lse` for `rows` query tokens and `alibi_slopes`.
+    fn check_lse_alibi(
+        &self,
+        rows: usize,
+        lse: Option<&[f32]>,
+        alibi: Option<&[f32]>,
+    ) -> Result<()> {
+        if let Some(l) = lse {
+            if rows > 0 && l.len() < rows * self.heads {
+                return bad(format!(
+                    "lse has {} elements, needs {}",
+                    l.len(),
+                    rows * self.heads
+                ));
+            }
+        }
+        if let Some(a) = alibi {
+            if a.len() < self.heads {
+                return bad(format!(
+                    "alibi_slopes has {} values, needs num_query_heads = {}",
+                    a.len(),
+                    self.heads
+                ));
+            }
+        }
+        Ok(())
     }
 }

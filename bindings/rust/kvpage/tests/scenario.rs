@@ -110,6 +110,24 @@ impl SeqKv {
     }
 }
 
+/// New sequences of `lens` tokens, random FP16 K and V written to layer 0,
+/// and their models.
+fn fill_fp16(cache: &Cache, rng: &mut Rng, lens: &[usize]) -> (Vec<SeqId>, Vec<SeqKv>) {
+    let mut seqs = Vec::new();
+    let mut models = Vec::new();
+    for &n in lens {
+        let s = cache.create_seq().unwrap();
+        let slots = cache.append(s, n).unwrap();
+        let (k, v) = (rng.halves(n * DENSE), rng.halves(n * DENSE));
+        cache.write(&WriteArgs::new(0, &k, &v, &slots)).unwrap();
+        let mut m = SeqKv::default();
+        m.push(&k, &v);
+        models.push(m);
+        seqs.push(s);
+    }
+    (seqs, models)
+}
+
 #[derive(Clone, Copy, Default)]
 struct Options {
     sm_scale: f64, // 0 = 1/sqrt(D)
@@ -718,18 +736,7 @@ fn precise_decoder_decodes_as_the_default_one() {
             ..CacheConfig::new(8, KV_HEADS as i32)
         })
         .unwrap();
-        let mut seqs = Vec::new();
-        let mut models = Vec::new();
-        for n in [21, 6] {
-            let s = cache.create_seq().unwrap();
-            let slots = cache.append(s, n).unwrap();
-            let (k, v) = (rng.halves(n * DENSE), rng.halves(n * DENSE));
-            cache.write(&WriteArgs::new(0, &k, &v, &slots)).unwrap();
-            let mut m = SeqKv::default();
-            m.push(&k, &v);
-            models.push(m);
-            seqs.push(s);
-        }
+        let (seqs, models) = fill_fp16(&cache, &mut rng, &[21, 6]);
         let table = cache.block_table(&seqs, 2).unwrap();
         let config = DecodeConfig {
             q_dtype: DType::Fp32,
@@ -838,18 +845,7 @@ fn ragged_cache(rng: &mut Rng) -> (Cache, Vec<SeqKv>, kvpage::BlockTable) {
         ..CacheConfig::new(8, KV_HEADS as i32)
     })
     .unwrap();
-    let mut seqs = Vec::new();
-    let mut models = Vec::new();
-    for &n in &CONTEXTS {
-        let s = cache.create_seq().unwrap();
-        let slots = cache.append(s, n).unwrap();
-        let (k, v) = (rng.halves(n * DENSE), rng.halves(n * DENSE));
-        cache.write(&WriteArgs::new(0, &k, &v, &slots)).unwrap();
-        let mut m = SeqKv::default();
-        m.push(&k, &v);
-        models.push(m);
-        seqs.push(s);
-    }
+    let (seqs, models) = fill_fp16(&cache, rng, &CONTEXTS);
     let table = cache.block_table(&seqs, 2).unwrap();
     (cache, models, table)
 }
