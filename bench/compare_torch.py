@@ -23,21 +23,20 @@ shapes): the cases of kvpage-bench --attend (prefill, one chunk over a long
 context, many chunks, a chunk mixed with 255 decoding sequences and its two
 parts alone, short chunks; GQA 32/8 and 8/1), on random BF16 q/K/V.
 kvpage runs kvp_attend over the whole batch in one call, through the
-binding's Decoder.attend, or, with a binding that has none, through ctypes
-(kvp_decoder_create with max_query_tokens, kvp_attend) on the library the
-binding loaded (ABI 1.3; rows say n/a on an older library); the decoding
-part alone also runs through kvp_decode. PyTorch runs SDPA (flash and cuDNN
-backends, dense BF16 K/V, enable_gqa=True, K/V heads repeated where that
-fails) with a lower-right causal mask (causal_lower_right; is_causal=True
-where the chunk is the whole context; no mask for one query token), and
-compiled FlexAttention with the same mask as a block mask. PyTorch has no varlen
-batch here: each group of sequences with equal (query tokens, context) runs
-as one dense batch, timed on its own, and a mix's time is the sum of its
-groups' (the rows' notes say so). Each output is checked on a sample of
-query tokens against float64 attention (kvpage: over the dequantized cache)
-before it is timed. Reported: time, TFLOP/s = 4 * HQ * D * (keys visible to
-every query token; causal, the token at position p sees p + 1) / time, and
-the fraction of the H100's dense BF16 peak (989 TFLOP/s); for the mix,
+binding's Decoder.attend (ABI 1.3; rows say n/a, and why, on an older
+library or binding); the decoding part alone also runs through kvp_decode.
+PyTorch runs SDPA (flash and cuDNN backends, dense BF16 K/V,
+enable_gqa=True, K/V heads repeated where that fails) with a lower-right
+causal mask (causal_lower_right; is_causal=True where the chunk is the
+whole context; no mask for one query token), and compiled FlexAttention
+with the same mask as a block mask. PyTorch has no varlen batch here: each
+group of sequences with equal (query tokens, context) runs as one dense
+batch, timed on its own, and a mix's time is the sum of its groups' (the
+rows' notes say so). Each output is checked on a sample of query tokens
+against float64 attention (kvpage: over the dequantized cache) before it
+is timed. Reported: time, TFLOP/s = 4 * HQ * D * (keys visible to every
+query token; causal, the token at position p sees p + 1) / time, and the
+fraction of the H100's dense BF16 peak (989 TFLOP/s); for the mix,
 time(mixed) / (time(chunk alone) + time(decode alone)). Written to
 compare_torch_attend.md / .csv in --out.
 
@@ -50,7 +49,6 @@ libkvpage (KVPAGE_LIBRARY=/path/to/libkvpage.so).
 
 import argparse
 import csv
-import ctypes
 import math
 import os
 import platform
@@ -270,40 +268,58 @@ class Result(object):
         self.note = ""
 
 
+class PagedCache(object):
+    """A kvpage cache holding K and V (packed [tokens, HKV, D], sequence s at
+    rows starts[s] .. starts[s + 1] - 1) in every layer: layers enough that
+    calls rotating through them span > 4x the L2 (at least min_layers, at
+    most 64), each sequence's blocks drawn from a shuffled pool, as a real
+    pool's are. .table: int32 [sequences, width]; .nblk: blocks per
+    sequence. The cache is closed if filling it fails."""
+
+    def __init__(self, t, lens, starts, hkv, k, v, dtype, l2_bytes, gen, min_layers):
+        self.nblk = nblk = [-(-n // BLOCK) for n in lens]
+        total_blocks, width = sum(nblk), max(nblk)
+        probe = kvpage.Cache(num_blocks=total_blocks, num_kv_heads=hkv, head_size=D,
+                             block_size=BLOCK, dtype=dtype, device="cuda")
+        layer_bytes = probe.info.total_bytes
+        self.bytes_per_token = probe.info.bytes_per_token_per_layer
+        probe.close()
+        self.layers = int(min(64, max(min_layers, (4 * l2_bytes) // layer_bytes + 1)))
+        self.cache = cache = kvpage.Cache(num_blocks=total_blocks, num_kv_heads=hkv,
+                                          head_size=D, block_size=BLOCK, dtype=dtype,
+                                          device="cuda", num_layers=self.layers)
+        try:
+            perm = t.randperm(total_blocks, device="cuda", generator=gen).to(t.int32)
+            self.table = t.zeros(len(lens), width, dtype=t.int32, device="cuda")
+            tokens = sum(lens)
+            slots = t.empty(tokens, dtype=t.int64, device="cuda")
+            k0 = 0
+            for i, n in enumerate(lens):
+                self.table[i, :nblk[i]] = perm[k0:k0 + nblk[i]]
+                k0 += nblk[i]
+                pos = t.arange(n, device="cuda")
+                slots[starts[i]:starts[i + 1]] = (
+                    self.table[i, pos // BLOCK].to(t.int64) * BLOCK + pos % BLOCK)
+            chunk = 1 << 20
+            for layer in range(self.layers):
+                for a in range(0, tokens, chunk):
+                    b = min(tokens, a + chunk)
+                    cache.write(layer, k[a:b], v[a:b], slots[a:b])
+            if cache.write_stats() != (0, 0):
+                raise RuntimeError("write stats %s" % (cache.write_stats(),))
+        except BaseException:
+            cache.close()
+            t.cuda.empty_cache()
+            raise
+
+
 def run_kvpage(t, prob, dtype, timer, l2_bytes, copy_gbs, gen):
     from kvpage import reference as R
     s = prob.shape
     res = Result(s, "kvpage", dtype)
-    nblk = [-(-n // BLOCK) for n in s.lens]
-    total_blocks = sum(nblk)
-    width = max(nblk)
-    probe = kvpage.Cache(num_blocks=total_blocks, num_kv_heads=s.hkv, head_size=D,
-                         block_size=BLOCK, dtype=dtype, device="cuda")
-    layer_bytes = probe.info.total_bytes
-    bpt = probe.info.bytes_per_token_per_layer
-    probe.close()
-    layers = int(min(64, max(2, (4 * l2_bytes) // layer_bytes + 1)))
-    cache = kvpage.Cache(num_blocks=total_blocks, num_kv_heads=s.hkv, head_size=D,
-                         block_size=BLOCK, dtype=dtype, device="cuda", num_layers=layers)
+    pc = PagedCache(t, s.lens, prob.starts, s.hkv, prob.k, prob.v, dtype, l2_bytes, gen, 2)
+    cache, layers, table, nblk = pc.cache, pc.layers, pc.table, pc.nblk
     try:
-        # Each sequence gets its own blocks, shuffled as a real pool is.
-        perm = t.randperm(total_blocks, device="cuda", generator=gen).to(t.int32)
-        table = t.zeros(s.batch, width, dtype=t.int32, device="cuda")
-        slots = t.empty(s.tokens, dtype=t.int64, device="cuda")
-        k0 = 0
-        for i, n in enumerate(s.lens):
-            table[i, :nblk[i]] = perm[k0:k0 + nblk[i]]
-            k0 += nblk[i]
-            pos = t.arange(n, device="cuda")
-            slots[prob.starts[i]:prob.starts[i + 1]] = (
-                table[i, pos // BLOCK].to(t.int64) * BLOCK + pos % BLOCK)
-        chunk = 1 << 20
-        for layer in range(layers):
-            for a in range(0, s.tokens, chunk):
-                b = min(s.tokens, a + chunk)
-                cache.write(layer, prob.k[a:b], prob.v[a:b], slots[a:b])
-        if cache.write_stats() != (0, 0):
-            raise RuntimeError("write stats %s" % (cache.write_stats(),))
         lens = t.tensor(s.lens, dtype=t.int32, device="cuda")
         dec = cache.decoder(s.hq, s.batch, max(s.lens))
         out = t.full((s.batch, s.hq, D), float("nan"), dtype=t.bfloat16, device="cuda")
@@ -344,7 +360,7 @@ def run_kvpage(t, prob, dtype, timer, l2_bytes, copy_gbs, gen):
             res.status = "FAILED check"
             return res
         ms = timer.median_ms(lambda i: dec(prob.q, table, lens, out=out, layer=i % layers))
-        res.bytes = float(s.tokens) * bpt
+        res.bytes = float(s.tokens) * pc.bytes_per_token
         res.us = ms * 1e3
         res.gbs = res.bytes / (ms * 1e-3) / 1e9
         res.frac = res.gbs / copy_gbs
@@ -827,140 +843,36 @@ def run_torch_attend(t, prob, impl, timer, l2_bytes):
     return res
 
 
-# kvp_attend: through the Python binding's Decoder.attend where it has one,
-# else through ctypes, the decoder (with max_query_tokens) and the calls
-# going straight to the C entries of the library the binding loaded.
-
-class _DecodeConfig13(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("num_query_heads", ctypes.c_int32),
-        ("max_num_seqs", ctypes.c_int32),
-        ("max_context_len", ctypes.c_int32),
-        ("max_query_len", ctypes.c_int32),
-        ("q_dtype", ctypes.c_int32),
-        ("out_dtype", ctypes.c_int32),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_uint64),
-        ("precise", ctypes.c_int32),
-        ("max_query_tokens", ctypes.c_int32),  # ABI 1.3
-    ]
+def attend_unavailable():
+    """Why kvpage's kvp_attend rows cannot run, or None: they need the
+    binding's Decoder.attend and a library of ABI 1.3."""
+    if not hasattr(kvpage.Decoder, "attend"):
+        return ("the kvpage binding in %s has no Decoder.attend (too old): use this "
+                "tree's bindings/python" % os.path.dirname(os.path.abspath(kvpage.__file__)))
+    major, minor = kvpage.abi_version()
+    if (major, minor) < (1, 3):
+        return "libkvpage ABI %d.%d has no kvp_attend (1.3)" % (major, minor)
+    return None
 
 
-class _AttendArgs(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("layer", ctypes.c_int32),
-        ("num_seqs", ctypes.c_int32),
-        ("sliding_window", ctypes.c_int32),
-        ("sm_scale", ctypes.c_float),
-        ("logits_soft_cap", ctypes.c_float),
-        ("reserved0", ctypes.c_int32),
-        ("query_starts", ctypes.c_void_p),
-        ("q", ctypes.c_void_p),
-        ("q_token_stride", ctypes.c_int64),
-        ("block_table", ctypes.c_void_p),
-        ("block_table_stride", ctypes.c_int64),
-        ("block_table_width", ctypes.c_int32),
-        ("reserved1", ctypes.c_int32),
-        ("seq_lens", ctypes.c_void_p),
-        ("alibi_slopes", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("out_token_stride", ctypes.c_int64),
-        ("lse", ctypes.c_void_p),
-    ]
-
-
-class AttendLib(object):
-    """kvp_attend of the loaded libkvpage: ``binding`` when the Python
-    binding has Decoder.attend, else kvp_decoder_create (with
-    max_query_tokens) and kvp_attend through ctypes; ``error`` says why
-    neither where the library predates ABI 1.3."""
-
-    def __init__(self):
-        self.error = None
-        lib = kvpage.library()
-        major, minor = ctypes.c_uint32(), ctypes.c_uint32()
-        lib.api.abi_version(ctypes.byref(major), ctypes.byref(minor))
-        if (major.value, minor.value) < (1, 3):
-            self.error = "libkvpage ABI %d.%d has no kvp_attend (1.3)" % (major.value, minor.value)
-            return
-        self.binding = hasattr(kvpage.Decoder, "attend")
-        if self.binding:
-            return
-        dll = ctypes.CDLL(lib.path)  # the same library, already loaded
-        vp, P = ctypes.c_void_p, ctypes.POINTER
-        self.config_init = dll.kvp_decode_config_init
-        self.config_init.argtypes, self.config_init.restype = [P(_DecodeConfig13)], None
-        self.create = dll.kvp_decoder_create
-        self.create.argtypes, self.create.restype = [vp, P(_DecodeConfig13), P(vp)], vp
-        self.destroy = dll.kvp_decoder_destroy
-        self.destroy.argtypes, self.destroy.restype = [vp], None
-        self.args_init = dll.kvp_attend_args_init
-        self.args_init.argtypes, self.args_init.restype = [P(_AttendArgs)], None
-        self.attend = dll.kvp_attend
-        self.attend.argtypes, self.attend.restype = [vp, P(_AttendArgs), vp], vp
-        self.check = lib.check
-
-    def decoder(self, cache, hq, max_seqs, max_ctx, max_query_tokens):
-        c = _DecodeConfig13()
-        self.config_init(ctypes.byref(c))
-        c.num_query_heads, c.max_num_seqs, c.max_context_len = hq, max_seqs, max_ctx
-        c.max_query_tokens = max_query_tokens
-        h = ctypes.c_void_p()
-        self.check(self.create(cache.handle, ctypes.byref(c), ctypes.byref(h)))
-        return h.value
-
-
-def _kvpage_attend_cache(t, prob, dtype, l2_bytes, gen):
-    """A cache of every layer the rotation needs, filled with the problem's
-    K/V; (cache, layers, table, lens, width, nblk)."""
-    c = prob.case
-    nblk = [-(-n // BLOCK) for n in c.ctx]
-    total_blocks, width = sum(nblk), max(nblk)
-    probe = kvpage.Cache(num_blocks=total_blocks, num_kv_heads=c.hkv, head_size=D,
-                         block_size=BLOCK, dtype=dtype, device="cuda")
-    layer_bytes = probe.info.total_bytes
-    probe.close()
-    layers = int(min(64, max(1, (4 * l2_bytes) // layer_bytes + 1)))
-    cache = kvpage.Cache(num_blocks=total_blocks, num_kv_heads=c.hkv, head_size=D,
-                         block_size=BLOCK, dtype=dtype, device="cuda", num_layers=layers)
-    perm = t.randperm(total_blocks, device="cuda", generator=gen).to(t.int32)
-    table = t.zeros(c.batch, width, dtype=t.int32, device="cuda")
-    slots = t.empty(c.tokens, dtype=t.int64, device="cuda")
-    k0 = 0
-    for i, n in enumerate(c.ctx):
-        table[i, :nblk[i]] = perm[k0:k0 + nblk[i]]
-        k0 += nblk[i]
-        pos = t.arange(n, device="cuda")
-        slots[prob.kv_starts[i]:prob.kv_starts[i + 1]] = (
-            table[i, pos // BLOCK].to(t.int64) * BLOCK + pos % BLOCK)
-    chunk = 1 << 20
-    for layer in range(layers):
-        for a in range(0, c.tokens, chunk):
-            b = min(c.tokens, a + chunk)
-            cache.write(layer, prob.k[a:b], prob.v[a:b], slots[a:b])
-    if cache.write_stats() != (0, 0):
-        cache.close()
-        raise RuntimeError("write stats %s" % (cache.write_stats(),))
-    lens = t.tensor(c.ctx, dtype=t.int32, device="cuda")
-    return cache, layers, table, lens, width, nblk
-
-
-def run_kvpage_attend(t, prob, dtype, timer, l2_bytes, gen, alib, via_decode=False):
+def run_kvpage_attend(t, prob, dtype, timer, l2_bytes, gen, unavailable, via_decode=False):
     """kvp_attend over the whole batch in one call (or, via_decode, kvp_decode
     with one query token per sequence); checked on the sampled tokens against
-    float64 attention over the dequantized cache, then timed."""
+    float64 attention over the dequantized cache, then timed. unavailable:
+    attend_unavailable()'s reason (kvp_attend rows n/a), or None."""
     from kvpage import reference as R
     c = prob.case
     res = AttendResult(c, "kvpage (kvp_decode)" if via_decode else "kvpage", dtype)
-    if not via_decode and alib.error:
+    if not via_decode and unavailable:
         res.status = "n/a"
-        res.note = alib.error
+        res.note = unavailable
         return res
-    cache, layers, table, lens, width, nblk = _kvpage_attend_cache(t, prob, dtype, l2_bytes, gen)
+    # One layer where it alone spans > 4x the L2.
+    pc = PagedCache(t, c.ctx, prob.kv_starts, c.hkv, prob.k, prob.v, dtype, l2_bytes, gen, 1)
+    cache, layers, table, nblk = pc.cache, pc.layers, pc.table, pc.nblk
     dec = None
     try:
+        lens = t.tensor(c.ctx, dtype=t.int32, device="cuda")
         out = t.full((c.q_tokens, c.hq, D), float("nan"), dtype=t.bfloat16, device="cuda")
         starts = t.tensor(prob.q_starts, dtype=t.int32, device="cuda")
         if via_decode:
@@ -968,27 +880,11 @@ def run_kvpage_attend(t, prob, dtype, timer, l2_bytes, gen, alib, via_decode=Fal
 
             def call(i):
                 dec(prob.q, table, lens, out=out, layer=i % layers)
-        elif alib.binding:
+        else:
             dec = cache.decoder(c.hq, c.batch, c.max_ctx, max_query_tokens=c.q_tokens)
 
             def call(i):
                 dec.attend(prob.q, starts, table, lens, out=out, layer=i % layers)
-        else:
-            dec = alib.decoder(cache, c.hq, c.batch, c.max_ctx, c.q_tokens)
-            args = _AttendArgs()
-            alib.args_init(ctypes.byref(args))
-            args.num_seqs = c.batch
-            args.query_starts = starts.data_ptr()
-            args.q = prob.q.data_ptr()
-            args.block_table = table.data_ptr()
-            args.block_table_width = width
-            args.seq_lens = lens.data_ptr()
-            args.out = out.data_ptr()
-            stream = t.cuda.current_stream().cuda_stream
-
-            def call(i):
-                args.layer = i % layers
-                alib.check(alib.attend(dec, ctypes.byref(args), stream))
         call(0)
         t.cuda.synchronize()
 
@@ -1010,10 +906,7 @@ def run_kvpage_attend(t, prob, dtype, timer, l2_bytes, gen, alib, via_decode=Fal
         return res
     finally:
         if dec is not None:
-            if via_decode or alib.binding:
-                dec.close()
-            else:
-                alib.destroy(dec)
+            dec.close()
         cache.close()
         t.cuda.empty_cache()
 
@@ -1094,23 +987,25 @@ def write_attend_csv(results, out, device):
                         r.status, r.note])
 
 
+def sdpa_paths(make, skip):
+    """make(name, backend name) for SDPA's cuDNN and flash backends, those
+    that --skip leaves, in that order."""
+    return [make("sdpa-" + key, backend) for key, backend in
+            (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION")) if key not in skip]
+
+
 def run_attend_cases(t, cases, dtypes, skip, timer, l2, gen, out_dir, env, device):
-    impls = []
-    if "cudnn" not in skip:
-        impls.append(SdpaAttend("sdpa-cudnn", "CUDNN_ATTENTION"))
-    if "flash" not in skip:
-        impls.append(SdpaAttend("sdpa-flash", "FLASH_ATTENTION"))
+    impls = sdpa_paths(SdpaAttend, skip)
     if "flex" not in skip:
         try:
             impls.append(FlexAttend(t))
         except Exception as e:
             print("no FlexAttention: %s: %s" % (type(e).__name__, str(e)[:160]))
-    alib = AttendLib()
-    if alib.error:
-        print("kvpage kvp_attend rows: n/a (%s)" % alib.error)
+    unavailable = attend_unavailable()
+    if unavailable:
+        print("kvpage kvp_attend rows: n/a (%s)" % unavailable)
     else:
-        print("kvpage kvp_attend through %s" % ("the binding's Decoder.attend" if alib.binding
-                                                 else "ctypes (the binding has no attend)"))
+        print("kvpage kvp_attend through the binding's Decoder.attend")
     results = []
     for c in cases:
         t1 = time.time()
@@ -1125,7 +1020,7 @@ def run_attend_cases(t, cases, dtypes, skip, timer, l2, gen, out_dir, env, devic
         for via_decode in kinds:
             for d in dtypes:
                 try:
-                    r = run_kvpage_attend(t, prob, d, timer, l2, gen, alib, via_decode)
+                    r = run_kvpage_attend(t, prob, d, timer, l2, gen, unavailable, via_decode)
                 except Exception as e:
                     r = AttendResult(c, "kvpage (kvp_decode)" if via_decode else "kvpage", d)
                     r.status = "error"
@@ -1346,11 +1241,7 @@ def main():
     for line in env:
         print(line)
 
-    impls = []
-    if "cudnn" not in skip:
-        impls.append(SdpaImpl("sdpa-cudnn", "CUDNN_ATTENTION"))
-    if "flash" not in skip:
-        impls.append(SdpaImpl("sdpa-flash", "FLASH_ATTENTION"))
+    impls = sdpa_paths(SdpaImpl, skip)
     if "flash" not in skip:
         impls.append(SdpaImpl("sdpa-flash, K/V repeated", "FLASH_ATTENTION", repeat_heads=True))
     if "flex" not in skip:

@@ -75,6 +75,46 @@ def cells(line):
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def is_rule(c):
+    """The cells of a table's |---| line."""
+    return all(re.fullmatch(r":?-+:?", x) for x in c)
+
+
+TRUNCATED = " (a truncated row?)"
+
+
+def check_width(path, lineno, c, header, hint=""):
+    """Row cells c have the header's columns."""
+    if len(c) != len(header):
+        fail(path, lineno, "%d columns where the header has %d%s" % (len(c), len(header), hint))
+
+
+def take_meta(out, line):
+    """A metadata line ("# key: value") into out.meta; True if it is one."""
+    m = META_RE.match(line)
+    if m:
+        out.meta[m.group("key").lower()] = m.group("value").strip()
+    return m is not None
+
+
+def check_once(path, lineno, rows, row, keys):
+    """No earlier row has row's values of `keys` (strings)."""
+    k = tuple(row[x] for x in keys)
+    for r in rows:
+        if tuple(r[x] for x in keys) == k:
+            fail(path, lineno, "%s appears twice (line %d)" % (" ".join(k), r["lineno"]))
+
+
+class Output(object):
+    """A parsed file: its path, metadata lines, device and table rows."""
+
+    def __init__(self, path):
+        self.path = path
+        self.meta = OrderedDict()
+        self.device = None
+        self.rows = []
+
+
 # ---------------------------------------------------------------------------
 # kvpage-bench output
 # ---------------------------------------------------------------------------
@@ -98,21 +138,61 @@ CSV_HEADER = ["device", "copy_gbs", "shape", "batch", "kv_dtype", "time_us", "gb
               "write_gbs", "eager_time_us", "eager_write_gbs"]
 
 
-class Run:
+class BenchOutput(Output):
+    """What kvpage-bench prints above its tables (device, build, switches)."""
+
     def __init__(self, path):
-        self.path = path
-        self.meta = OrderedDict()
-        self.device = None
+        Output.__init__(self, path)
         self.sms = None
         self.l2_mib = None
-        self.copy_gbs = None
         self.version = None
         self.build_info = None
         self.linear_blocks = False
         self.fp16_write_input = False
         self.precise = False  # kvpage-bench --precise: decoders in precise mode
+
+
+def check_no_device(path, lineno, line):
+    if line.startswith(NO_DEVICE_PREFIX):
+        fail(path, lineno, "kvpage-bench found no CUDA device: nothing was measured")
+
+
+def take_device(run, lineno, line):
+    """kvpage-bench's device line into run; its match, or None."""
+    m = DEVICE_RE.match(line)
+    if m:
+        if run.device is not None:
+            fail(run.path, lineno, "a second device line: one kvpage-bench run per file")
+        run.device = m.group("name")
+        run.sms = int(m.group("sms"))
+        run.l2_mib = int(m.group("l2"))
+    return m
+
+
+def take_bench_header(run, line, repeat_version=False):
+    """A line kvpage-bench prints after its device line, above its tables
+    (version and build, the measurement switches) into run; True if it is
+    one. repeat_version: a second version line replaces the first (decode
+    runs take it; --attend runs do not)."""
+    m = KVPAGE_RE.match(line)
+    if m and run.device is not None and (run.version is None or repeat_version):
+        run.version = m.group("version")
+        run.build_info = m.group("build_info")
+        return True
+    flags = {LINEAR_LINE: "linear_blocks", FP16_LINE: "fp16_write_input",
+             PRECISE_LINE: "precise"}
+    if line in flags:
+        setattr(run, flags[line], True)
+        return True
+    return False
+
+
+class Run(BenchOutput):
+    def __init__(self, path):
+        BenchOutput.__init__(self, path)
+        self.copy_gbs = None
         self.graph_timed = True
-        self.rows = []  # dicts: shape, batch, dtype, us, gbs, frac, write_gbs, eager_us
+        # rows: dicts: shape, batch, dtype, us, gbs, frac, write_gbs, eager_us
 
     def label(self):
         parts = []
@@ -148,36 +228,16 @@ def parse_bench_text(path, text):
         line = raw.rstrip()
         if not line.strip():
             continue
-        m = META_RE.match(line)
-        if m and header is None and run.device is None:
-            run.meta[m.group("key").lower()] = m.group("value").strip()
+        if header is None and run.device is None and take_meta(run, line):
             continue
-        if line.startswith(NO_DEVICE_PREFIX):
-            fail(path, lineno, "kvpage-bench found no CUDA device: nothing was measured")
-        m = DEVICE_RE.match(line)
+        check_no_device(path, lineno, line)
+        m = take_device(run, lineno, line)
         if m:
-            if run.device is not None:
-                fail(path, lineno, "a second device line: one kvpage-bench run per file")
-            run.device = m.group("name")
-            run.sms = int(m.group("sms"))
-            run.l2_mib = int(m.group("l2"))
             run.copy_gbs = float(m.group("copy"))
             if run.copy_gbs <= 0:
                 fail(path, lineno, "copy bandwidth is not positive")
             continue
-        m = KVPAGE_RE.match(line)
-        if m and run.device is not None and header is None:
-            run.version = m.group("version")
-            run.build_info = m.group("build_info")
-            continue
-        if line == LINEAR_LINE and header is None:
-            run.linear_blocks = True
-            continue
-        if line == FP16_LINE and header is None:
-            run.fp16_write_input = True
-            continue
-        if line == PRECISE_LINE and header is None:
-            run.precise = True
+        if header is None and take_bench_header(run, line, repeat_version=True):
             continue
         if line.startswith("|"):
             c = cells(line)
@@ -192,11 +252,9 @@ def parse_bench_text(path, text):
                 else:
                     fail(path, lineno, "not a kvpage-bench table header: %r" % line)
                 continue
-            if all(re.fullmatch(r":?-+:?", x) for x in c):
+            if is_rule(c):
                 continue
-            if len(c) != len(header):
-                fail(path, lineno, "%d columns where the header has %d (a truncated row?)"
-                     % (len(c), len(header)))
+            check_width(path, lineno, c, header, TRUNCATED)
             row = {
                 "shape": c[0],
                 "batch": int(num(path, lineno, c[1], "B")),
@@ -262,9 +320,7 @@ def parse_bench(path):
         body = "\n".join(l for l in text.splitlines() if not l.startswith("#"))
         run = parse_bench_csv(path, body)
         for l in text.splitlines():
-            m = META_RE.match(l)
-            if m:
-                run.meta[m.group("key").lower()] = m.group("value").strip()
+            take_meta(run, l)
         return run
     return parse_bench_text(path, text)
 
@@ -284,14 +340,36 @@ PEER_NOISE_RE = re.compile(r"^(  \S.*|total [\d.]+ s|plot: .*|no plot: .*|note: 
                            r"compare_torch: .*)$")
 
 
-class Peers:
+class PeersOutput(Output):
+    """compare_torch.py's: the environment lines above the table (torch,
+    kvpage) and, --attend only, how kvpage reached kvp_attend."""
+
     def __init__(self, path):
-        self.path = path
-        self.meta = OrderedDict()
-        self.device = None
+        Output.__init__(self, path)
         self.env = []
+        self.via = None
+
+
+def check_speedups(path, groups):
+    """The printed speed-ups are the fastest PyTorch time of the group over
+    the row's: a row that disagrees belongs to another table or is garbled."""
+    for rs in groups:
+        torch_us = [r["us"] for r in rs if r["torch"] and r["us"] is not None]
+        for r in rs:
+            if r["speedup"] is None or r["us"] is None:
+                continue
+            if not torch_us:
+                fail(path, r["lineno"], "a speed-up without a PyTorch time to compare with")
+            expect = min(torch_us) / r["us"]
+            if abs(expect - r["speedup"]) > 0.006 + 0.0006 * expect:
+                fail(path, r["lineno"], "speed-up %.2fx does not match the times (%.3fx)"
+                     % (r["speedup"], expect))
+
+
+class Peers(PeersOutput):
+    def __init__(self, path):
+        PeersOutput.__init__(self, path)
         self.copy_gbs = None
-        self.rows = []
 
 
 def parse_peers(path):
@@ -302,9 +380,7 @@ def parse_peers(path):
     env, rows, in_table = [], None, False
     for lineno, raw in enumerate(lines, 1):
         line = raw.rstrip()
-        m = META_RE.match(line)
-        if m and not tables and rows is None and not env:
-            p.meta[m.group("key").lower()] = m.group("value").strip()
+        if not tables and rows is None and not env and take_meta(p, line):
             continue
         if not line.strip():
             if in_table:
@@ -318,10 +394,9 @@ def parse_peers(path):
                     fail(path, lineno, "not a compare_torch.py table header: %r" % line)
                 in_table, rows = True, []
                 continue
-            if all(re.fullmatch(r":?-+:?", x) for x in c):
+            if is_rule(c):
                 continue
-            if len(c) != len(PEER_HEADER):
-                fail(path, lineno, "%d columns where the header has %d" % (len(c), len(PEER_HEADER)))
+            check_width(path, lineno, c, PEER_HEADER)
             rows.append((lineno, c))
             continue
         if in_table:
@@ -369,7 +444,7 @@ def parse_peers(path):
         if not (impl.startswith("torch ") or impl.startswith("kvpage ")):
             fail(path, lineno, "unknown implementation %r" % impl)
         row = {"shape": c[0], "batch": int(num(path, lineno, c[1], "B")), "impl": impl,
-               "check": c[8]}
+               "torch": impl.startswith("torch "), "check": c[8]}
         if c[3] == "-":
             if not (c[8].startswith("n/a") or c[8] in ("error", "FAILED check")):
                 fail(path, lineno, "no time and no n/a, error or FAILED check status")
@@ -386,22 +461,10 @@ def parse_peers(path):
         p.rows.append(row)
     if not p.rows:
         fail(path, 0, "an empty compare_torch.py table")
-    # The printed speed-ups are the fastest PyTorch time of the shape over
-    # the row's: a row that disagrees belongs to another table or is garbled.
     groups = OrderedDict()
     for r in p.rows:
         groups.setdefault((r["shape"], r["batch"]), []).append(r)
-    for rs in groups.values():
-        torch_us = [r["us"] for r in rs if r["impl"].startswith("torch ") and r["us"] is not None]
-        for r in rs:
-            if r["speedup"] is None or r["us"] is None:
-                continue
-            if not torch_us:
-                fail(path, r["lineno"], "a speed-up without a PyTorch time to compare with")
-            expect = min(torch_us) / r["us"]
-            if abs(expect - r["speedup"]) > 0.006 + 0.0006 * expect:
-                fail(path, r["lineno"], "speed-up %.2fx does not match the times (%.3fx)"
-                     % (r["speedup"], expect))
+    check_speedups(path, groups.values())
     return p
 
 
@@ -430,20 +493,12 @@ CHUNK_PREFIX = "d chunk alone "
 DECODE_PREFIX = "d decode alone "
 
 
-class AttendRun:
+class AttendRun(BenchOutput):
     def __init__(self, path):
-        self.path = path
-        self.meta = OrderedDict()
-        self.device = None
-        self.sms = None
-        self.l2_mib = None
-        self.version = None
-        self.build_info = None
-        self.linear_blocks = False
-        self.precise = False
+        BenchOutput.__init__(self, path)
         self.peak = None
         self.peak_what = None
-        self.rows = []   # dicts: case, heads, hq, hkv, seqs, q_tokens, context, dtype, us, ...
+        # rows: dicts: case, heads, hq, hkv, seqs, q_tokens, context, dtype, us, ...
         self.mixed = []  # dicts: shape, heads, dtype, mixed, chunk, dec_attend, dec_decode, ...
 
 
@@ -468,6 +523,63 @@ def flops_consistent(path, rows, key, what):
                  % (first[k]["lineno"], what))
 
 
+def take_peak(out, lineno, m):
+    """The peak of an attend table's introduction (its match m) into out."""
+    out.peak = num(out.path, lineno, m.group("peak"), "peak")
+    out.peak_what = m.group("peak_what")
+    if out.peak <= 0:
+        fail(out.path, lineno, "peak is not positive")
+
+
+class AttendTables(object):
+    """The two tables of an attend output, the main one and the mixed batch
+    (d): who prints them (for messages), their headers and row parsers, and
+    the decode table headers that mean a decode run (and what to say)."""
+
+    def __init__(self, who, headers, row_parsers, decode_headers, decode_msg):
+        self.who, self.headers, self.row_parsers = who, headers, row_parsers
+        self.decode_headers, self.decode_msg = decode_headers, decode_msg
+
+
+def attend_table_line(out, lineno, line, part, tables):
+    """A "|" line of an attend output in part `part`: the header of the
+    main table ("intro") or of the mixed batch table ("mixed line"), or a
+    row of either. Returns the part after it."""
+    path = out.path
+    c = cells(line)
+    if c in tables.decode_headers:
+        fail(path, lineno, tables.decode_msg)
+    if part == "intro":
+        if c != tables.headers[0]:
+            fail(path, lineno, "not %s attend table header: %r" % (tables.who, line))
+        return "table"
+    if part == "mixed line":
+        if c != tables.headers[1]:
+            fail(path, lineno, "not %s mixed batch header: %r" % (tables.who, line))
+        return "mixed"
+    if part not in ("table", "mixed"):
+        fail(path, lineno, "a table row out of place: %r" % line)
+    if not is_rule(c):
+        tables.row_parsers[part == "mixed"](out, lineno, c)
+    return part
+
+
+def parse_heads(path, lineno, text):
+    """(hq, hkv) of a "heads q/kv" cell."""
+    m = HEADS_RE.match(text)
+    if not m:
+        fail(path, lineno, "heads q/kv is not N/M: %r" % text)
+    return int(m.group("hq")), int(m.group("hkv"))
+
+
+def shape_heads(path, lineno, shape):
+    """"N/M" (query / KV heads) of a mixed batch row's shape."""
+    m = SHAPE_HEADS_RE.search(shape)
+    if not m:
+        fail(path, lineno, "no heads N/M in the shape %r" % shape)
+    return "%s/%s" % (m.group("hq"), m.group("hkv"))
+
+
 def attend_pct_check(path, lineno, tflops, frac, peak):
     expect = 100.0 * tflops / peak
     if abs(expect - frac) > 100.0 * 0.05 / peak + 0.051:
@@ -484,44 +596,23 @@ def parse_attend(path):
         line = raw.rstrip()
         if not line.strip():
             continue
-        m = META_RE.match(line)
-        if m and run.device is None:
-            run.meta[m.group("key").lower()] = m.group("value").strip()
+        if run.device is None and take_meta(run, line):
             continue
-        if line.startswith(NO_DEVICE_PREFIX):
-            fail(path, lineno, "kvpage-bench found no CUDA device: nothing was measured")
+        check_no_device(path, lineno, line)
         if line.startswith(ATTEND_SKIPPED_PREFIX):
             fail(path, lineno, "kvpage-bench skipped the attend cases: %r" % line)
-        m = DEVICE_RE.match(line)
-        if m:
-            if run.device is not None:
-                fail(path, lineno, "a second device line: one kvpage-bench run per file")
-            run.device = m.group("name")
-            run.sms = int(m.group("sms"))
-            run.l2_mib = int(m.group("l2"))
+        if take_device(run, lineno, line):
             continue
         if run.device is None:
             fail(path, lineno, "not kvpage-bench --attend output before its device line: %r"
                  % line)
-        m = KVPAGE_RE.match(line)
-        if m and part is None and run.version is None:
-            run.version = m.group("version")
-            run.build_info = m.group("build_info")
-            continue
-        if part is None and line == LINEAR_LINE:
-            run.linear_blocks = True
-            continue
-        if part is None and line == FP16_LINE:
-            continue  # the cache write's input; the attend cases write BF16, untimed
-        if part is None and line == PRECISE_LINE:
-            run.precise = True
+        # The FP16 write input line is taken, not shown: the attend cases
+        # write BF16, untimed.
+        if part is None and take_bench_header(run, line):
             continue
         m = ATTEND_INTRO_RE.match(line)
         if m and part is None:
-            run.peak = num(path, lineno, m.group("peak"), "peak")
-            run.peak_what = m.group("peak_what")
-            if run.peak <= 0:
-                fail(path, lineno, "peak is not positive")
+            take_peak(run, lineno, m)
             part = "intro"
             continue
         if line == ATTEND_MIXED_LINE and part == "table":
@@ -531,28 +622,7 @@ def parse_attend(path):
             part = "done"  # the CSV kvpage-bench wrote: the same rows
             continue
         if line.startswith("|"):
-            c = cells(line)
-            if c == HEADER_NOW or c == HEADER_EAGER_ONLY:
-                fail(path, lineno, "a decode table: a kvpage-bench run with decode cases "
-                     "(the default or --all); pass decode runs as RUN, --attend runs alone")
-            if part == "intro":
-                if c != ATTEND_HEADER:
-                    fail(path, lineno, "not kvpage-bench's attend table header: %r" % line)
-                part = "table"
-                continue
-            if part == "mixed line":
-                if c != ATTEND_MIXED_HEADER:
-                    fail(path, lineno, "not kvpage-bench's mixed batch header: %r" % line)
-                part = "mixed"
-                continue
-            if part not in ("table", "mixed"):
-                fail(path, lineno, "a table row out of place: %r" % line)
-            if all(re.fullmatch(r":?-+:?", x) for x in c):
-                continue
-            if part == "table":
-                parse_attend_row(run, lineno, c)
-            else:
-                parse_attend_mixed_row(run, lineno, c)
+            part = attend_table_line(run, lineno, line, part, ATTEND_TABLES)
             continue
         fail(path, lineno, "not kvpage-bench --attend output: %r" % line)
     if run.device is None:
@@ -597,14 +667,10 @@ def mixed_rows_check(path, got, expect, what):
 
 def parse_attend_row(run, lineno, c):
     path = run.path
-    if len(c) != len(ATTEND_HEADER):
-        fail(path, lineno, "%d columns where the header has %d (a truncated row?)"
-             % (len(c), len(ATTEND_HEADER)))
-    m = HEADS_RE.match(c[1])
-    if not m:
-        fail(path, lineno, "heads q/kv is not N/M: %r" % c[1])
+    check_width(path, lineno, c, ATTEND_HEADER, TRUNCATED)
+    hq, hkv = parse_heads(path, lineno, c[1])
     row = {
-        "case": c[0], "heads": c[1], "hq": int(m.group("hq")), "hkv": int(m.group("hkv")),
+        "case": c[0], "heads": c[1], "hq": hq, "hkv": hkv,
         "seqs": int(num(path, lineno, c[2], "seqs")),
         "q_tokens": int(num(path, lineno, c[3], "query tokens")),
         "context": int(num(path, lineno, c[4], "context")),
@@ -626,10 +692,7 @@ def parse_attend_row(run, lineno, c):
     if c[10] != "finite":
         fail(path, lineno, "outputs %r: kvpage-bench failed this case (exit status 1)" % c[10])
     attend_pct_check(path, lineno, row["tflops"], row["frac"], run.peak)
-    for r in run.rows:
-        if (r["case"], r["heads"], r["dtype"]) == (row["case"], row["heads"], row["dtype"]):
-            fail(path, lineno, "%s %s %s appears twice (line %d)"
-                 % (row["case"], row["heads"], row["dtype"], r["lineno"]))
+    check_once(path, lineno, run.rows, row, ("case", "heads", "dtype"))
     run.rows.append(row)
 
 
@@ -643,13 +706,8 @@ def attend_row_us(run, lineno, heads, dtype, match, what):
 
 def parse_attend_mixed_row(run, lineno, c):
     path = run.path
-    if len(c) != len(ATTEND_MIXED_HEADER):
-        fail(path, lineno, "%d columns where the header has %d (a truncated row?)"
-             % (len(c), len(ATTEND_MIXED_HEADER)))
-    m = SHAPE_HEADS_RE.search(c[0])
-    if not m:
-        fail(path, lineno, "no heads N/M in the shape %r" % c[0])
-    heads = "%s/%s" % (m.group("hq"), m.group("hkv"))
+    check_width(path, lineno, c, ATTEND_MIXED_HEADER, TRUNCATED)
+    heads = shape_heads(path, lineno, c[0])
 
     def opt(text, what):
         return None if text == "-" else num(path, lineno, text, what)
@@ -686,10 +744,15 @@ def parse_attend_mixed_row(run, lineno, c):
             fail(path, lineno, "ratio %.2f does not match the times (%.4f)" % (row[ratio], expect))
     if row["dec_attend"] is None and row["dec_decode"] is None:
         fail(path, lineno, "no decode alone time")
-    for r in run.mixed:
-        if (r["heads"], r["dtype"]) == (heads, row["dtype"]):
-            fail(path, lineno, "%s %s appears twice (line %d)" % (heads, row["dtype"], r["lineno"]))
+    check_once(path, lineno, run.mixed, row, ("heads", "dtype"))
     run.mixed.append(row)
+
+
+ATTEND_TABLES = AttendTables(
+    "kvpage-bench's", (ATTEND_HEADER, ATTEND_MIXED_HEADER),
+    (parse_attend_row, parse_attend_mixed_row), (HEADER_NOW, HEADER_EAGER_ONLY),
+    "a decode table: a kvpage-bench run with decode cases (the default or --all); pass decode "
+    "runs as RUN, --attend runs alone")
 
 
 # ---------------------------------------------------------------------------
@@ -714,16 +777,11 @@ APEER_IMPL_RE = re.compile(r"^(torch \S+|kvpage (?P<dtype>\S+)(?P<dec> \(kvp_dec
 APEER_STATUS = ("ok", "n/a", "error", "FAILED check")
 
 
-class AttendPeers:
+class AttendPeers(PeersOutput):
     def __init__(self, path):
-        self.path = path
-        self.meta = OrderedDict()
-        self.device = None
-        self.env = []
-        self.via = None
+        PeersOutput.__init__(self, path)
         self.peak = None
         self.peak_what = None
-        self.rows = []
         self.mixed = []
 
 
@@ -736,9 +794,7 @@ def parse_attend_peers(path):
     started = False
     for lineno, raw in enumerate(lines, 1):
         line = raw.rstrip()
-        m = META_RE.match(line)
-        if m and not started:
-            p.meta[m.group("key").lower()] = m.group("value").strip()
+        if not started and take_meta(p, line):
             continue
         if not line.strip():
             if part == "table" or part == "mixed":
@@ -746,28 +802,7 @@ def parse_attend_peers(path):
             continue
         started = True
         if line.startswith("|"):
-            c = cells(line)
-            if c == PEER_HEADER:
-                fail(path, lineno, "a decode table: compare_torch.py without --attend (or "
-                     "--all); pass decode runs with --peers, --attend runs alone")
-            if part == "intro":
-                if c != APEER_HEADER:
-                    fail(path, lineno, "not compare_torch.py's attend table header: %r" % line)
-                part = "table"
-                continue
-            if part == "mixed line":
-                if c != APEER_MIXED_HEADER:
-                    fail(path, lineno, "not compare_torch.py's mixed batch header: %r" % line)
-                part = "mixed"
-                continue
-            if part not in ("table", "mixed"):
-                fail(path, lineno, "a table row out of place: %r" % line)
-            if all(re.fullmatch(r":?-+:?", x) for x in c):
-                continue
-            if part == "table":
-                parse_attend_peer_row(p, lineno, c)
-            else:
-                parse_attend_peer_mixed_row(p, lineno, c)
+            part = attend_table_line(p, lineno, line, part, APEER_TABLES)
             continue
         if part in ("table", "mixed"):
             fail(path, lineno, "a table ends without a blank line: %r" % line)
@@ -775,10 +810,7 @@ def parse_attend_peers(path):
         if m:
             if part is not None:
                 fail(path, lineno, "a second attend table: one compare_torch.py run per file")
-            p.peak = num(path, lineno, m.group("peak"), "peak")
-            p.peak_what = m.group("peak_what")
-            if p.peak <= 0:
-                fail(path, lineno, "peak is not positive")
+            take_peak(p, lineno, m)
             table_env = env
             part = "intro"
             continue
@@ -817,19 +849,7 @@ def parse_attend_peers(path):
             p.env.append(line)
     if p.device is None:
         fail(path, 0, "no device line above the table")
-    # The printed speed-ups are the fastest PyTorch time of the case over
-    # the row's: a row that disagrees belongs to another table or is garbled.
-    for rs in attend_groups(p.rows).values():
-        torch_us = [r["us"] for r in rs if r["torch"] and r["us"] is not None]
-        for r in rs:
-            if r["speedup"] is None or r["us"] is None:
-                continue
-            if not torch_us:
-                fail(path, r["lineno"], "a speed-up without a PyTorch time to compare with")
-            expect = min(torch_us) / r["us"]
-            if abs(expect - r["speedup"]) > 0.006 + 0.0006 * expect:
-                fail(path, r["lineno"], "speed-up %.2fx does not match the times (%.3fx)"
-                     % (r["speedup"], expect))
+    check_speedups(path, attend_groups(p.rows).values())
     flops_consistent(path, p.rows, lambda r: (r["case"], r["heads"]), "case")
     # compare_torch.py prints a mixed batch row per implementation whose
     # mix, chunk and decoding part all have times (kvpage's also with its
@@ -861,17 +881,14 @@ def attend_groups(rows):
 
 def parse_attend_peer_row(p, lineno, c):
     path = p.path
-    if len(c) != len(APEER_HEADER):
-        fail(path, lineno, "%d columns where the header has %d" % (len(c), len(APEER_HEADER)))
-    m = HEADS_RE.match(c[1])
-    if not m:
-        fail(path, lineno, "heads q/kv is not N/M: %r" % c[1])
+    check_width(path, lineno, c, APEER_HEADER)
+    hq, hkv = parse_heads(path, lineno, c[1])
     mi = APEER_IMPL_RE.match(c[4])
     if not mi:
         fail(path, lineno, "unknown implementation %r" % c[4])
     if mi.group("dtype") is not None and mi.group("dtype") not in DTYPES:
         fail(path, lineno, "unknown kvpage dtype in %r" % c[4])
-    row = {"case": c[0], "heads": c[1], "hq": int(m.group("hq")), "hkv": int(m.group("hkv")),
+    row = {"case": c[0], "heads": c[1], "hq": hq, "hkv": hkv,
            "seqs": int(num(path, lineno, c[2], "seqs")),
            "q_tokens": int(num(path, lineno, c[3], "query tokens")),
            "impl": c[4], "torch": mi.group("dtype") is None, "dtype": mi.group("dtype"),
@@ -897,22 +914,14 @@ def parse_attend_peer_row(p, lineno, c):
         row["us"] = row["tflops"] = row["frac"] = None
     row["speedup"] = None if c[8] == "-" else num(path, lineno, c[8].rstrip("x"), "speed-up")
     row["err"] = None if c[9] == "-" else num(path, lineno, c[9], "max rel-L2")
-    for r in p.rows:
-        if (r["case"], r["heads"], r["impl"]) == (row["case"], row["heads"], row["impl"]):
-            fail(path, lineno, "%s %s %s appears twice (line %d)"
-                 % (row["case"], row["heads"], row["impl"], r["lineno"]))
+    check_once(path, lineno, p.rows, row, ("case", "heads", "impl"))
     p.rows.append(row)
 
 
 def parse_attend_peer_mixed_row(p, lineno, c):
     path = p.path
-    if len(c) != len(APEER_MIXED_HEADER):
-        fail(path, lineno, "%d columns where the header has %d"
-             % (len(c), len(APEER_MIXED_HEADER)))
-    m = SHAPE_HEADS_RE.search(c[0])
-    if not m:
-        fail(path, lineno, "no heads N/M in the shape %r" % c[0])
-    heads = "%s/%s" % (m.group("hq"), m.group("hkv"))
+    check_width(path, lineno, c, APEER_MIXED_HEADER)
+    heads = shape_heads(path, lineno, c[0])
     row = {"shape": c[0], "heads": heads, "impl": c[1], "dec_impl": c[2],
            "mixed": num(path, lineno, c[3], "mixed"), "chunk": num(path, lineno, c[4], "chunk"),
            "dec": num(path, lineno, c[5], "decode alone"),
@@ -934,6 +943,13 @@ def parse_attend_peer_mixed_row(p, lineno, c):
     p.mixed.append(row)
 
 
+APEER_TABLES = AttendTables(
+    "compare_torch.py's", (APEER_HEADER, APEER_MIXED_HEADER),
+    (parse_attend_peer_row, parse_attend_peer_mixed_row), (PEER_HEADER,),
+    "a decode table: compare_torch.py without --attend (or --all); pass decode runs with "
+    "--peers, --attend runs alone")
+
+
 # ---------------------------------------------------------------------------
 # The page
 # ---------------------------------------------------------------------------
@@ -946,41 +962,79 @@ def shape_key(shape, batch, order):
     return (order.setdefault(shape, len(order)), batch)
 
 
+def table_head(head, out):
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + " --- |" * len(head))
+
+
+def raw_link(x):
+    """A link to a parsed file, named by its file name."""
+    return "raw output: [%s](%s)" % (x.path.split("/")[-1], rel_link(x.path))
+
+
+def measured(meta):
+    """"measured DATE" and "build BUILD", where the metadata has them."""
+    return ((["measured %s" % meta["date"]] if "date" in meta else [])
+            + (["build %s" % meta["build"]] if "build" in meta else []))
+
+
+def note_quote(x, out):
+    if "note" in x.meta:
+        out.append("")
+        out.append("> %s" % x.meta["note"])
+
+
+def run_desc(r):
+    """A kvpage-bench run's date (or that it has none), build and version."""
+    desc = measured(r.meta)
+    if "date" not in r.meta:
+        desc.insert(0, "date not recorded in %s" % r.path)
+    if r.version:
+        desc.append("kvpage %s" % r.version)
+    return desc
+
+
+def run_lines(r, extra, out):
+    """The lines under a kvpage-bench run's bullet: its build, command and
+    block order, the `extra` lines, then its note."""
+    if r.build_info:
+        out.append("  Build: `%s`." % r.build_info)
+    if "command" in r.meta:
+        out.append("  Command: `%s`." % r.meta["command"])
+    if r.linear_blocks:
+        out.append("  **Block tables: each sequence's blocks adjacent** "
+                   "(`KVPAGE_BENCH_BLOCK_ORDER=linear`), not a shuffled pool.")
+    out.extend(extra)
+    note_quote(r, out)
+
+
+def peers_lines(p, out):
+    """The lines under a compare_torch.py run's first: its command, its
+    environment (and how kvpage reached kvp_attend), then its note."""
+    if "command" in p.meta:
+        out.append("Command: `%s`." % p.meta["command"])
+    for e in p.env + ([p.via] if p.via else []):
+        out.append("`%s`." % e)
+    note_quote(p, out)
+
+
 def device_section(device, runs, out):
     out.append("## %s" % device)
     out.append("")
     for r in runs:
-        desc = []
-        if "date" in r.meta:
-            desc.append("measured %s" % r.meta["date"])
-        else:
-            desc.append("date not recorded in %s" % r.path)
-        if "build" in r.meta:
-            desc.append("build %s" % r.meta["build"])
-        if r.version:
-            desc.append("kvpage %s" % r.version)
         hw = []
         if r.sms is not None:
             hw.append("%d SMs, L2 %d MiB" % (r.sms, r.l2_mib))
         hw.append("copy bandwidth %.0f GB/s (1 GiB device-to-device, read + write, same run)"
                   % r.copy_gbs)
-        out.append("- %s; %s; raw output: [%s](%s)." % (
-            ", ".join(desc), ", ".join(hw), r.path.split("/")[-1], rel_link(r.path)))
-        if r.build_info:
-            out.append("  Build: `%s`." % r.build_info)
-        if "command" in r.meta:
-            out.append("  Command: `%s`." % r.meta["command"])
-        if r.linear_blocks:
-            out.append("  **Block tables: each sequence's blocks adjacent** "
-                       "(`KVPAGE_BENCH_BLOCK_ORDER=linear`), not a shuffled pool.")
+        out.append("- %s; %s; %s." % (", ".join(run_desc(r)), ", ".join(hw), raw_link(r)))
+        extra = []
         if r.fp16_write_input:
-            out.append("  Cache write input: FP16 (`KVPAGE_BENCH_WRITE_INPUT=fp16`).")
+            extra.append("  Cache write input: FP16 (`KVPAGE_BENCH_WRITE_INPUT=fp16`).")
         if not r.graph_timed:
-            out.append("  **Times are eager** (one call between two events, host launch "
-                       "included): this run predates the graph timing.")
-        if "note" in r.meta:
-            out.append("")
-            out.append("> %s" % r.meta["note"])
+            extra.append("  **Times are eager** (one call between two events, host launch "
+                         "included): this run predates the graph timing.")
+        run_lines(r, extra, out)
     out.append("")
     many = len(runs) > 1
     order = OrderedDict()
@@ -994,8 +1048,7 @@ def device_section(device, runs, out):
     dts = [d for d in DTYPES if any(t[2]["dtype"] == d for t in rows)]
     out.append("Decode, time per call (us) and fraction of the copy bandwidth:")
     out.append("")
-    out.append("| shape | B | " + " | ".join(d.upper() for d in dts) + " |")
-    out.append("| --- | --- | " + " | ".join("---" for _ in dts) + " |")
+    table_head(["shape", "B"] + [d.upper() for d in dts], out)
     seen = OrderedDict()
     for key, i, row in rows:
         seen.setdefault((row["shape"], row["batch"]), {})[row["dtype"]] = row
@@ -1013,8 +1066,7 @@ def device_section(device, runs, out):
             "write GB/s", "write, of copy BW"]
     if many:
         head.append("run")
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + " --- |" * len(head))
+    table_head(head, out)
     for key, i, row in rows:
         run = runs[i]
         c = [row["shape"], "%d" % row["batch"], row["dtype"], fmt_us(row["us"]),
@@ -1044,8 +1096,7 @@ def precise_section(device, runs, precise_runs, out):
                "against the default decoders above:")
     out.append("")
     for r in precise_runs:
-        out.append("- %s; raw output: [%s](%s)." % (r.label(), r.path.split("/")[-1],
-                                                   rel_link(r.path)))
+        out.append("- %s; %s." % (r.label(), raw_link(r)))
     out.append("")
     out.append("| shape | B | KV | precise (us) | default (us) | precise / default |")
     out.append("| --- | --- | --- | --- | --- | --- |")
@@ -1062,21 +1113,9 @@ def precise_section(device, runs, precise_runs, out):
 def peers_section(p, out):
     out.append("### Against PyTorch on the %s" % p.device)
     out.append("")
-    desc = []
-    if "date" in p.meta:
-        desc.append("measured %s" % p.meta["date"])
-    if "build" in p.meta:
-        desc.append("build %s" % p.meta["build"])
-    desc.append("copy bandwidth %.0f GB/s (same run)" % p.copy_gbs)
-    out.append("`bench/compare_torch.py`, %s; raw output: [%s](%s)." % (
-        ", ".join(desc), p.path.split("/")[-1], rel_link(p.path)))
-    if "command" in p.meta:
-        out.append("Command: `%s`." % p.meta["command"])
-    for e in p.env:
-        out.append("`%s`." % e)
-    if "note" in p.meta:
-        out.append("")
-        out.append("> %s" % p.meta["note"])
+    desc = measured(p.meta) + ["copy bandwidth %.0f GB/s (same run)" % p.copy_gbs]
+    out.append("`bench/compare_torch.py`, %s; %s." % (", ".join(desc), raw_link(p)))
+    peers_lines(p, out)
     out.append("")
     out.append("PyTorch reads dense, contiguous BF16 K/V; kvpage reads its paged cache "
                "(blocks shuffled in the pool). Each implementation's output is checked "
@@ -1094,7 +1133,7 @@ def peers_section(p, out):
     out.append("| --- | --- | --- | " + " | ".join("---" for _ in dts) + " |")
     failed = []
     for (shape, batch), rs in sorted(groups.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
-        torch_rows = [r for r in rs if r["impl"].startswith("torch ") and r["us"] is not None]
+        torch_rows = [r for r in rs if r["torch"] and r["us"] is not None]
         fastest = min(torch_rows, key=lambda r: r["us"]) if torch_rows else None
         c = ["%s %s" % (fmt_us(fastest["us"]), "(%s)" % fastest["impl"][len("torch "):])
              if fastest else "—"]
@@ -1110,7 +1149,7 @@ def peers_section(p, out):
         out.append("| %s | %d | %s |" % (shape, batch, " | ".join(c)))
     out.append("")
     na = sorted({r["impl"][len("torch "):] + ": " + r["check"] for r in p.rows
-                 if r["impl"].startswith("torch ") and r["us"] is None})
+                 if r["torch"] and r["us"] is None})
     if na:
         out.append("PyTorch paths that could not run a shape: " + "; ".join(na) + ".")
         out.append("")
@@ -1131,29 +1170,9 @@ def attend_section(device, run, peers, out):
 
 
 def attend_run_part(r, out):
-    desc = []
-    if "date" in r.meta:
-        desc.append("measured %s" % r.meta["date"])
-    else:
-        desc.append("date not recorded in %s" % r.path)
-    if "build" in r.meta:
-        desc.append("build %s" % r.meta["build"])
-    if r.version:
-        desc.append("kvpage %s" % r.version)
-    out.append("- `kvpage-bench --attend`, %s; %d SMs, L2 %d MiB; raw output: [%s](%s)." % (
-        ", ".join(desc), r.sms, r.l2_mib, r.path.split("/")[-1], rel_link(r.path)))
-    if r.build_info:
-        out.append("  Build: `%s`." % r.build_info)
-    if "command" in r.meta:
-        out.append("  Command: `%s`." % r.meta["command"])
-    if r.linear_blocks:
-        out.append("  **Block tables: each sequence's blocks adjacent** "
-                   "(`KVPAGE_BENCH_BLOCK_ORDER=linear`), not a shuffled pool.")
-    if r.precise:
-        out.append("  **Decoders in precise mode** (`--precise`).")
-    if "note" in r.meta:
-        out.append("")
-        out.append("> %s" % r.meta["note"])
+    out.append("- `kvpage-bench --attend`, %s; %d SMs, L2 %d MiB; %s." % (
+        ", ".join(run_desc(r)), r.sms, r.l2_mib, raw_link(r)))
+    run_lines(r, ["  **Decoders in precise mode** (`--precise`)."] if r.precise else [], out)
     out.append("")
     out.append("TFLOP/s: 4 x query heads x head size x the keys visible to each query token "
                "(causal: the token at position p sees p + 1 keys), summed over the call's query "
@@ -1163,8 +1182,7 @@ def attend_run_part(r, out):
     dts = [d for d in DTYPES if any(x["dtype"] == d for x in r.rows)]
     out.append("Time per call (us) and, in brackets, TFLOP/s:")
     out.append("")
-    out.append("| case | heads q/kv | " + " | ".join(d.upper() for d in dts) + " |")
-    out.append("| --- | --- | " + " | ".join("---" for _ in dts) + " |")
+    table_head(["case", "heads q/kv"] + [d.upper() for d in dts], out)
     for (case, heads), rows in attend_groups(r.rows).items():
         by = {x["dtype"]: x for x in rows}
         c = ["%s (%.1f)" % (fmt_us(by[d]["us"]), by[d]["tflops"]) if d in by else "—"
@@ -1196,22 +1214,10 @@ def attend_run_part(r, out):
 def attend_peers_part(p, out):
     out.append("#### Against PyTorch (kvp_attend)")
     out.append("")
-    desc = []
-    if "date" in p.meta:
-        desc.append("measured %s" % p.meta["date"])
-    if "build" in p.meta:
-        desc.append("build %s" % p.meta["build"])
-    out.append("`bench/compare_torch.py --attend`%s; raw output: [%s](%s)." % (
-        ", " + ", ".join(desc) if desc else "", p.path.split("/")[-1], rel_link(p.path)))
-    if "command" in p.meta:
-        out.append("Command: `%s`." % p.meta["command"])
-    for e in p.env:
-        out.append("`%s`." % e)
-    if p.via:
-        out.append("`%s`." % p.via)
-    if "note" in p.meta:
-        out.append("")
-        out.append("> %s" % p.meta["note"])
+    desc = measured(p.meta)
+    out.append("`bench/compare_torch.py --attend`%s; %s." % (
+        ", " + ", ".join(desc) if desc else "", raw_link(p)))
+    peers_lines(p, out)
     out.append("")
     paths = []
     for r in p.rows:
@@ -1232,8 +1238,7 @@ def attend_peers_part(p, out):
     head = ["case", "heads q/kv", "fastest PyTorch, TFLOP/s"]
     for d in dts:
         head += ["kvpage %s, TFLOP/s" % d.upper(), "kvpage %s / PyTorch" % d.upper()]
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + " --- |" * len(head))
+    table_head(head, out)
     failed = []
     for (case, heads), rs in attend_groups(p.rows).items():
         torch_rows = [r for r in rs if r["torch"] and r["us"] is not None]
