@@ -32,11 +32,6 @@ KVP_HOST_DEVICE constexpr OperandKind OperandKindOf(DType t) {
                              : OperandKind::kCodes;
 }
 
-// "bf16", "fp16", "codes".
-constexpr const char* OperandKindName(OperandKind k) {
-  return k == OperandKind::kBf16 ? "bf16" : k == OperandKind::kFp16 ? "fp16" : "codes";
-}
-
 // The tile of one block: `rows` query rows (4 warps of `m_tiles` m-tiles
 // of 16 rows; a row is a query token of the chunk times a query head of
 // the KV head's group, so the group's heads share every K/V byte a block

@@ -871,29 +871,12 @@ class Decoder(object):
         _, os_ = A.token_rows(oa, "out", row, tokens)
         args = DecodeArgs()
         self._lib.api.decode_args_init(ctypes.byref(args))
-        args.layer = _i32(layer, "layer")
-        args.num_seqs = num_seqs
         args.query_len = _i32(query_len, "query_len")
-        args.sliding_window = _i32(sliding_window, "sliding_window")
-        args.sm_scale = float(sm_scale)
-        args.logits_soft_cap = float(logits_soft_cap)
-        args.q = qa.ptr or None
-        args.q_token_stride = qs if qs != row else 0
-        args.block_table = table.ptr or None
-        args.block_table_stride = tstride if tstride != width else 0
-        args.block_table_width = _i32(width, "block_table_width")
-        args.seq_lens = lens.ptr or None
-        keep = [qa, oa, table, lens]
-        al = self._alibi(alibi_slopes)
-        if al is not None:
-            args.alibi_slopes = al.ptr or None
-            keep.append(al)
-        args.out = oa.ptr or None
-        args.out_token_stride = os_ if os_ != row else 0
+        keep = self._fill_shared(args, layer, num_seqs, sliding_window, sm_scale,
+                                 logits_soft_cap, qa, qs, table, width, tstride, lens, oa, os_,
+                                 alibi_slopes)
         if lse is not None:
-            la = A.adapt(lse, "lse", writable=True)
-            A.check_tag(la, "lse", (A.F32,))
-            A.check_device(la, "lse", cache)
+            la = self._lse(lse)
             A.vector(la, "lse", tokens * self.num_query_heads)
             args.lse = la.ptr or None
             keep.append(la)
@@ -962,29 +945,13 @@ class Decoder(object):
         _check_rows("out", o_rows, tokens, num_seqs)
         args = AttendArgs()
         self._lib.api.attend_args_init(ctypes.byref(args))
-        args.layer = _i32(layer, "layer")
-        args.num_seqs = num_seqs
-        args.sliding_window = _i32(sliding_window, "sliding_window")
-        args.sm_scale = float(sm_scale)
-        args.logits_soft_cap = float(logits_soft_cap)
         args.query_starts = starts.ptr or None
-        args.q = qa.ptr or None
-        args.q_token_stride = qs if qs != row else 0
-        args.block_table = table.ptr or None
-        args.block_table_stride = tstride if tstride != width else 0
-        args.block_table_width = _i32(width, "block_table_width")
-        args.seq_lens = lens.ptr or None
-        keep = [qa, oa, table, lens, starts]
-        al = self._alibi(alibi_slopes)
-        if al is not None:
-            args.alibi_slopes = al.ptr or None
-            keep.append(al)
-        args.out = oa.ptr or None
-        args.out_token_stride = os_ if os_ != row else 0
+        keep = self._fill_shared(args, layer, num_seqs, sliding_window, sm_scale,
+                                 logits_soft_cap, qa, qs, table, width, tstride, lens, oa, os_,
+                                 alibi_slopes)
+        keep.append(starts)
         if lse is not None:
-            la = A.adapt(lse, "lse", writable=True)
-            A.check_tag(la, "lse", (A.F32,))
-            A.check_device(la, "lse", cache)
+            la = self._lse(lse)
             n_lse = A.vector(la, "lse")
             if n_lse is not None and tokens is not None and n_lse < tokens * self.num_query_heads:
                 raise invalid("lse has %d elements, needs query_starts[num_seqs] * "
@@ -994,6 +961,37 @@ class Decoder(object):
         st = A.stream_handle(stream, cache)
         self._lib.check(self._lib.api.attend(h, ctypes.byref(args), st))
         return out
+
+    def _fill_shared(self, args, layer, num_seqs, sliding_window, sm_scale, logits_soft_cap,
+                     qa, qs, table, width, tstride, lens, oa, os_, alibi_slopes):
+        """The fields DecodeArgs and AttendArgs share; returns the adapted
+        arrays the call must keep alive."""
+        row = self.num_query_heads * self.cache.head_size
+        args.layer = _i32(layer, "layer")
+        args.num_seqs = num_seqs
+        args.sliding_window = _i32(sliding_window, "sliding_window")
+        args.sm_scale = float(sm_scale)
+        args.logits_soft_cap = float(logits_soft_cap)
+        args.q = qa.ptr or None
+        args.q_token_stride = qs if qs != row else 0
+        args.block_table = table.ptr or None
+        args.block_table_stride = tstride if tstride != width else 0
+        args.block_table_width = _i32(width, "block_table_width")
+        args.seq_lens = lens.ptr or None
+        keep = [qa, oa, table, lens]
+        al = self._alibi(alibi_slopes)
+        if al is not None:
+            args.alibi_slopes = al.ptr or None
+            keep.append(al)
+        args.out = oa.ptr or None
+        args.out_token_stride = os_ if os_ != row else 0
+        return keep
+
+    def _lse(self, lse):
+        la = A.adapt(lse, "lse", writable=True)
+        A.check_tag(la, "lse", (A.F32,))
+        A.check_device(la, "lse", self.cache)
+        return la
 
     def _alibi(self, alibi_slopes):
         if alibi_slopes is None:
