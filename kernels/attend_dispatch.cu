@@ -43,13 +43,18 @@ int LaunchAttend(const DecodeParams& params, const AttendPlan& plan,
   const CacheGeometry& g = params.geo;
   const attend::LaunchFn launch =
       attend::SelectLauncher(OperandKindOf(g.k_dtype), OperandKindOf(g.v_dtype), g.head_size);
-  const AttendTile tile = AttendTileFor(g.head_size);
-  if (launch == nullptr || params.query_starts == nullptr || g.num_kv_heads <= 0 ||
+  const AttendMainloop loop = static_cast<AttendMainloop>(plan.mainloop);
+  const bool known_loop =
+      loop == AttendMainloop::kWarpMma ||
+      (loop == AttendMainloop::kWarpgroupMma &&
+       AttendWarpgroupServes(g.head_size, OperandKindOf(g.k_dtype), OperandKindOf(g.v_dtype)));
+  const AttendTile tile = AttendTileFor(g.head_size, loop);
+  if (launch == nullptr || !known_loop || params.query_starts == nullptr || g.num_kv_heads <= 0 ||
       params.num_q_heads % g.num_kv_heads != 0 || plan.tile_rows != tile.rows ||
-      plan.tile_tokens != tile.tokens || plan.threads != tile.threads ||
+      plan.tile_tokens != tile.tokens || plan.threads != tile.threads + tile.producers ||
       plan.tile_tokens % g.block_size != 0 || plan.max_items <= 0 ||
       plan.shared_bytes < static_cast<size_t>(AttendLayout(g.head_size, OperandKindOf(g.k_dtype),
-                                                           OperandKindOf(g.v_dtype))
+                                                           OperandKindOf(g.v_dtype), loop)
                                                   .bytes)) {
     return cudaErrorInvalidValue;
   }

@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // Attention over query chunks on tensor cores (kvp_attend), in the manner
-// of FlashAttention-2: a block holds a tile of 64 query rows (query tokens
-// of one sequence x the query heads of one KV head's group, so that each
-// K/V byte it reads serves the whole group) and walks the tile's visible
-// KV tokens in steps, double-buffered through cp.async straight from the
-// paged layout: S = Q·Kᵀ (mma.sync m16n8k16, FP32 sums), the logit rules,
-// an online softmax, O += P·V. Each warp owns 16 rows.
+// of FlashAttention-2: a block holds a tile of 128 query rows (query
+// tokens of one sequence x the query heads of one KV head's group, so that
+// each K/V byte it reads serves the whole group) and walks the tile's
+// visible KV tokens in steps, double-buffered through cp.async straight
+// from the paged layout: S = Q·Kᵀ (FP32 sums), the logit rules, an online
+// softmax, O += P·V. Two mainloops (kernels/attend_traits.h,
+// AttendMainloop): mma.sync, each warp 32 rows through ldmatrix from
+// padded tiles; or on sm_90a wgmma, each warpgroup 64 rows read by the
+// tensor cores from swizzled tiles. Both share everything else, since a
+// wgmma accumulator holds each warp's 16 rows in mma.sync's fragment
+// layout.
 //
 // Composed of: the query tile (LoadQueryTile), the K/V stage of a step
 // (IssueKvStage; ConvertKvStage for sides of codes), the step
@@ -24,11 +29,13 @@
 #include <cstdint>
 
 #include "kernels/attend_traits.h"
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/checked.cuh"
 #include "kernels/common/dequant.cuh"
 #include "kernels/common/grid_dependency.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/vec.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "src/params.h"
 
 namespace kvpage {
@@ -38,14 +45,16 @@ namespace attend {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <int kD, OperandKind kK, OperandKind kV>
+template <int kD, OperandKind kK, OperandKind kV, AttendMainloop kLoop>
 struct VarlenAttention {
-  static constexpr AttendTile kTile = AttendTileFor(kD);
+  static constexpr bool kWarpgroup = kLoop == AttendMainloop::kWarpgroupMma;
+  static constexpr AttendTile kTile = AttendTileFor(kD, kLoop);
   static constexpr int kRows = kTile.rows;
   static constexpr int kTokens = kTile.tokens;
-  static constexpr int kThreads = kTile.threads;
-  static constexpr int kQPitch = kD + 8;         // 16-bit elements per row of Q and K tiles
-  static constexpr int kVPitch = kTokens + 8;    // per channel row of the V tile
+  static constexpr int kThreads = kTile.threads;  // computing threads (the producer aside)
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kQPitch = kD + 8;         // kWarpMma: 16-bit elements a Q and K tile row
+  static constexpr int kVPitch = kTokens + 8;    // a V tile channel row
   static constexpr int kMTiles = kTile.m_tiles;  // 16-row m-tiles per warp
   static constexpr int kSlots = 2 * kMTiles;     // rows per thread
   static constexpr int kNTiles = kTokens / 8;    // n-tiles of S per warp
@@ -57,22 +66,40 @@ struct VarlenAttention {
   // The shared-memory layout's offsets (AttendLayout), as scalars: device
   // code reads constexpr scalars, not constexpr struct members.
   struct Layout {
-    static constexpr int64_t q = AttendLayout(kD, kK, kV).q;
-    static constexpr int64_t stage_base = AttendLayout(kD, kK, kV).stage_base;
-    static constexpr int64_t stage_bytes = AttendLayout(kD, kK, kV).stage_bytes;
-    static constexpr int64_t stage_k = AttendLayout(kD, kK, kV).stage_k;
-    static constexpr int64_t stage_v = AttendLayout(kD, kK, kV).stage_v;
-    static constexpr int64_t stage_k_scales = AttendLayout(kD, kK, kV).stage_k_scales;
-    static constexpr int64_t stage_v_scales = AttendLayout(kD, kK, kV).stage_v_scales;
-    static constexpr int64_t k_operand = AttendLayout(kD, kK, kV).k_operand;
-    static constexpr int64_t v_operand = AttendLayout(kD, kK, kV).v_operand;
-    static constexpr int64_t scales = AttendLayout(kD, kK, kV).scales;
-    static constexpr int64_t q_sum = AttendLayout(kD, kK, kV).q_sum;
+    static constexpr int64_t q = AttendLayout(kD, kK, kV, kLoop).q;
+    static constexpr int64_t stage_base = AttendLayout(kD, kK, kV, kLoop).stage_base;
+    static constexpr int64_t stage_bytes = AttendLayout(kD, kK, kV, kLoop).stage_bytes;
+    static constexpr int64_t stage_k = AttendLayout(kD, kK, kV, kLoop).stage_k;
+    static constexpr int64_t stage_v = AttendLayout(kD, kK, kV, kLoop).stage_v;
+    static constexpr int64_t stage_k_scales = AttendLayout(kD, kK, kV, kLoop).stage_k_scales;
+    static constexpr int64_t stage_v_scales = AttendLayout(kD, kK, kV, kLoop).stage_v_scales;
+    static constexpr int64_t k_operand = AttendLayout(kD, kK, kV, kLoop).k_operand;
+    static constexpr int64_t v_operand = AttendLayout(kD, kK, kV, kLoop).v_operand;
+    static constexpr int64_t scales = AttendLayout(kD, kK, kV, kLoop).scales;
+    static constexpr int64_t q_sum = AttendLayout(kD, kK, kV, kLoop).q_sum;
+    static constexpr int64_t barriers = AttendLayout(kD, kK, kV, kLoop).barriers;
   };
   static_assert(kD % 16 == 0 && kRows == 16 * kMTiles * (kThreads / 32),
                 "a warp owns kMTiles m-tiles of 16 rows");
+  static_assert(!kWarpgroup || (AttendWarpgroupServes(kD, kK, kV) && kMTiles == 1 &&
+                                kThreads == 256 && kTile.producers == 32),
+                "the warpgroup mainloop: two warpgroups, a warp's 16 rows of the products, a "
+                "producer warp");
   using Scores = float[kMTiles][kNTiles][4];  // S, then P, of the warp's rows
   using Output = float[kMTiles][kDTiles][4];  // O of the warp's rows
+
+  // Element index of Q tile (row r, channel d), K tile (token t, channel
+  // d) and V tile (channel d, token t): padded rows for ldmatrix, or the
+  // swizzled panels wgmma reads (kernels/common/wgmma.cuh).
+  __device__ static int QAt(int r, int d) {
+    return kWarpgroup ? SwizzledIndex(kRows, r, d) : r * kQPitch + d;
+  }
+  __device__ static int KAt(int t, int d) {
+    return kWarpgroup ? SwizzledIndex(kTokens, t, d) : t * kQPitch + d;
+  }
+  __device__ static int VAt(int d, int t) {
+    return kWarpgroup ? SwizzledIndex(kD, d, t) : d * kVPitch + t;
+  }
 
   // Row slot i of a thread: lane / 4 + 8 * (i % 2) of its warp's m-tile
   // i / 2.
@@ -129,7 +156,22 @@ struct VarlenAttention {
     }
     __device__ float* scales() const { return reinterpret_cast<float*>(base + Layout::scales); }
     __device__ float* q_sum() const { return reinterpret_cast<float*>(base + Layout::q_sum); }
+    // kWarpgroupMma: stage s holds its step's pages (the producer's
+    // arrivals) / is free again (every computing thread's).
+    __device__ uint64_t* full(int s) const {
+      return reinterpret_cast<uint64_t*>(base + Layout::barriers) + s;
+    }
+    __device__ uint64_t* empty(int s) const {
+      return reinterpret_cast<uint64_t*>(base + Layout::barriers) + kStages + s;
+    }
   };
+  // The layout's origin in the dynamic shared memory: its start, or for
+  // the swizzled tiles the first 1024-byte boundary.
+  __device__ static Smem SmemAt(uint8_t* dynamic) {
+    if constexpr (!kWarpgroup) return Smem{dynamic};
+    const uint32_t pad = (1024u - (SharedAddress(dynamic) & 1023u)) & 1023u;
+    return Smem{dynamic + pad};
+  }
 
   // Packed row r of the item's tile -> query token of the chunk, query head.
   __device__ static void RowCoords(const AttendWorkItem& item, int group, int r, int kvh,
@@ -159,8 +201,9 @@ struct VarlenAttention {
           x1 *= p.key_smoothing[kvh * kD + d + 1];
         }
       }
-      *reinterpret_cast<uint32_t*>(sm.q() + r * kQPitch + d) = PackPair<kKBf16>(x0, x1);
+      *reinterpret_cast<uint32_t*>(sm.q() + QAt(r, d)) = PackPair<kKBf16>(x0, x1);
     }
+    if constexpr (kWarpgroup) FenceProxyAsyncShared();
     if constexpr (kKCodes) {
       __syncthreads();
       // Two threads a row, each half of it, in a fixed order.
@@ -169,7 +212,7 @@ struct VarlenAttention {
         float s = 0.0f;
         for (int d = half * (kD / 2); d < (half + 1) * (kD / 2); d += 2) {
           const float2 v =
-              UnpackPair<false>(*reinterpret_cast<const uint32_t*>(sm.q() + r * kQPitch + d));
+              UnpackPair<false>(*reinterpret_cast<const uint32_t*>(sm.q() + QAt(r, d)));
           s += v.x + v.y;
         }
         s += __shfl_xor_sync(0xffffffffu, s, 1);
@@ -272,7 +315,7 @@ struct VarlenAttention {
         if constexpr (kKCodes) {
           to = stage + Layout::stage_k + (c * kTokens + token) * 16;
         } else {
-          to = reinterpret_cast<uint8_t*>(sm.k_tile(s) + token * kQPitch + c * 8);
+          to = reinterpret_cast<uint8_t*>(sm.k_tile(s) + KAt(token, c * 8));
         }
         CpAsync<16>(to, from, src.in);
       }
@@ -287,7 +330,7 @@ struct VarlenAttention {
         constexpr int kSpans = kTokens / 8;
         const int64_t channel_stride = g.v_channel_stride();
         for (int d = threadIdx.x / kSpans; d < kD; d += kThreads / kSpans) {
-          CpAsync<16>(sm.v_tile(s) + d * kVPitch + token,
+          CpAsync<16>(sm.v_tile(s) + VAt(d, token),
                       src.base + d * channel_stride + src.in_block * 2, src.in);
         }
       }
@@ -333,6 +376,64 @@ struct VarlenAttention {
     const PageSource src =
         SourceOf(p, id, ScaleToken(entry), region, block_stride, head_stride, kvh);
     CpAsync<16>(dst + threadIdx.x * 16, src.base + src.in_block * entry, src.in);
+  }
+
+  // The producer warp's copies of the step at `first` into stage `s`
+  // (kWarpgroupMma: 16-bit sides): lane l copies the K chunks of tokens l,
+  // l + 32, ... and the V channel rows of span l % (tokens / 8); one table
+  // read per token or span.
+  __device__ static void IssueStepByWarp(const DecodeParams& p, const AttendWorkItem& item, int kvh,
+                                         const Smem& sm, int s, int32_t first) {
+    const CacheGeometry& g = p.geo;
+    const int lane = threadIdx.x % 32;
+    const int bs = g.block_size;
+    const int chunks = g.k_chunks();
+    const int64_t chunk_stride = g.k_chunk_stride();
+#pragma unroll
+    for (int k = 0; k < kTokens / 32; ++k) {
+      const int token = lane + 32 * k;
+      const PageSource src =
+          SourceOf(p, BlockIdAt(p, item, (first + token) / bs), token, g.k_data_offset(),
+                   g.k_block_stride(), g.k_head_stride(), kvh);
+      for (int c = 0; c < chunks; ++c) {
+        CpAsync<16>(sm.k_tile(s) + KAt(token, c * 8),
+                    src.base + c * chunk_stride + src.in_block * 16, src.in);
+      }
+    }
+    constexpr int kSpans = kTokens / 8;
+    const int token = 8 * (lane % kSpans);
+    const PageSource src = SourceOf(p, BlockIdAt(p, item, (first + token) / bs), token,
+                                    g.v_data_offset(), g.v_block_stride(), g.v_head_stride(), kvh);
+    const int64_t channel_stride = g.v_channel_stride();
+    for (int d = lane / kSpans; d < kD; d += 32 / kSpans) {
+      CpAsync<16>(sm.v_tile(s) + VAt(d, token), src.base + d * channel_stride + src.in_block * 2,
+                  src.in);
+    }
+  }
+
+  // The producer warp: step t's pages into stage t % kStages once every
+  // computing thread has released the stage; a stage is published (full)
+  // when its copies have landed and are fenced to the async proxy the
+  // products read through. Copies of step t + 1 are in flight while step
+  // t's land.
+  __device__ static void ProduceSteps(const DecodeParams& p, const AttendWorkItem& item, int kvh,
+                                      const Smem& sm, int steps) {
+    for (int t = 0; t < steps; ++t) {
+      const int s = t % kStages;
+      if (t >= kStages) MbarrierWait(sm.empty(s), (t / kStages - 1) & 1);
+      IssueStepByWarp(p, item, kvh, sm, s, item.kv_begin + t * kTokens);
+      CpAsyncCommit();
+      if (t > 0) {
+        CpAsyncWait<1>();
+        FenceProxyAsyncShared();
+        MbarrierArrive(sm.full((t - 1) % kStages));
+      }
+    }
+    if (steps > 0) {
+      CpAsyncWait<0>();
+      FenceProxyAsyncShared();
+      MbarrierArrive(sm.full((steps - 1) % kStages));
+    }
   }
 
   // Four codes of a 32-bit word as two FP16 pairs in element order (8-bit
@@ -384,7 +485,7 @@ struct VarlenAttention {
         if (d >= kD) continue;  // INT4's zero tail past the head size
         uint32_t h[4];
         CodesToHalves(t, words[w], h);
-        StoreHalves(sm.k_tile(s) + token * kQPitch + d, h, eight);
+        StoreHalves(sm.k_tile(s) + KAt(token, d), h, eight);
       }
       ConvertScales(t, stage + Layout::stage_k_scales, scales, scales + kTokens);
     }
@@ -409,7 +510,7 @@ struct VarlenAttention {
       const int channel = w / kRowWords, token = (w % kRowWords) * kPerWord;
       uint32_t h[4];
       CodesToHalves(t, words[w], h);
-      StoreHalves(tile + channel * kVPitch + token, h, kPerWord == 8);
+      StoreHalves(tile + VAt(channel, token), h, kPerWord == 8);
     }
   }
 
@@ -460,6 +561,42 @@ struct VarlenAttention {
     }
   }
 
+  // kWarpgroupMma: issues S = Q·Kᵀ of stage s for the warpgroup's 64 rows
+  // (the first k-step starts the sums) as one commit group; the caller
+  // fences before and waits after.
+  __device__ static void IssueScoreProducts(const Smem& sm, int s, Scores& acc) {
+    const uint32_t q_base =
+        SharedAddress(sm.q()) + 2 * static_cast<uint32_t>(QAt(64 * (threadIdx.x / 128), 0));
+    const uint32_t k_base = SharedAddress(sm.k_tile(s));
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      WgmmaM64K16<kTokens, kKBf16>(acc[0], WgmmaDescriptor(q_base + 2 * QAt(0, 16 * ks)),
+                                   WgmmaDescriptor(k_base + 2 * KAt(0, 16 * ks)), ks > 0);
+    }
+    WgmmaCommit();
+  }
+  // P (the probabilities of S's registers) rounded to V's operand type, as
+  // the A operands of the P·V k-steps.
+  using Probs = uint32_t[kTokens / 16][4];
+  __device__ static void PackProbabilities(const Scores& pw, Probs& a) {
+#pragma unroll
+    for (int kk = 0; kk < kTokens / 16; ++kk) {
+      a[kk][0] = PackPair<kVBf16>(pw[0][2 * kk][0], pw[0][2 * kk][1]);
+      a[kk][1] = PackPair<kVBf16>(pw[0][2 * kk][2], pw[0][2 * kk][3]);
+      a[kk][2] = PackPair<kVBf16>(pw[0][2 * kk + 1][0], pw[0][2 * kk + 1][1]);
+      a[kk][3] = PackPair<kVBf16>(pw[0][2 * kk + 1][2], pw[0][2 * kk + 1][3]);
+    }
+  }
+  // O += P·V of stage s, one commit group.
+  __device__ static void IssueValueProducts(const Smem& sm, int s, const Probs& a, Output& out) {
+    const uint32_t v_base = SharedAddress(sm.v_tile(s));
+#pragma unroll
+    for (int kk = 0; kk < kTokens / 16; ++kk) {
+      WgmmaM64K16<kD, kVBf16>(out[0], a[kk], WgmmaDescriptor(v_base + 2 * VAt(0, 16 * kk)), true);
+    }
+    WgmmaCommit();
+  }
+
   // 2^x (ex2.approx: 2 ulp; -inf gives +0), the softmax's exponential.
   __device__ static float Exp2(float x) {
     float y;
@@ -476,6 +613,28 @@ struct VarlenAttention {
   __device__ static void SoftmaxStep(const DecodeParams& p, const AttendWorkItem& item, int kvh,
                                      const Smem& sm, int32_t first, RowState& rs, Scores& acc,
                                      Output& out) {
+    float rescale[kSlots];
+    Probabilities(p, item, kvh, sm, first, rs, acc, rescale);
+    RescaleOutput(rescale, out);
+  }
+
+  // O times each row's rescale factor.
+  __device__ static void RescaleOutput(const float (&rescale)[kSlots], Output& out) {
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        out[i / 2][dt][2 * (i % 2)] *= rescale[i];
+        out[i / 2][dt][2 * (i % 2) + 1] *= rescale[i];
+      }
+    }
+  }
+
+  // SoftmaxStep but for O: P in place of S, the row state, and the factor
+  // O must be rescaled by before P·V is added.
+  __device__ static void Probabilities(const DecodeParams& p, const AttendWorkItem& item, int kvh,
+                                       const Smem& sm, int32_t first, RowState& rs, Scores& acc,
+                                       float (&rescale_out)[kSlots]) {
     const int lane = threadIdx.x % 32;
     const float* scales = sm.scales();
     if constexpr (kKCodes) ScaleKeyColumns(p, sm, acc);
@@ -511,11 +670,7 @@ struct VarlenAttention {
       }
       rs.sum[i] = rs.sum[i] * rescale + sum;
       rs.min_acc[i] *= rescale;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        out[mt][dt][2 * h] *= rescale;
-        out[mt][dt][2 * h + 1] *= rescale;
-      }
+      rescale_out[i] = rescale;
     }
     if constexpr (kVCodes) {
       const bool has_min = p.geo.v_dtype == DType::kINT4;
@@ -669,6 +824,17 @@ struct VarlenAttention {
     }
   }
 
+  // Whether the thread's warp (mma.sync) or warpgroup (wgmma) holds a row
+  // inside the chunk: the others (a short chunk's or a decoding row's tile)
+  // skip the products and the softmax, and keep copying and meeting the
+  // barriers.
+  __device__ static bool HoldsRows(const DecodeParams& p, const AttendWorkItem& item) {
+    const int group = p.num_q_heads / p.geo.num_kv_heads;
+    const int64_t rows = int64_t{item.query_count} * group - int64_t{item.tile} * kRows;
+    const int first = kWarpgroup ? 64 * (threadIdx.x / 128) : 16 * kMTiles * (threadIdx.x / 32);
+    return first < rows;
+  }
+
   __device__ static RowState BeginRows(const DecodeParams& p, const AttendWorkItem& item, int kvh) {
     RowState rs;
     int32_t min_pos = INT32_MAX, max_lo = INT32_MIN;
@@ -695,10 +861,13 @@ struct VarlenAttention {
 };
 
 // One block per (work item, KV head); items past the schedule's count exit.
+// The mma.sync mainloop: every thread copies, converts and computes, a
+// block barrier between the steps' phases.
 template <int kD, OperandKind kK, OperandKind kV>
 __global__ void __launch_bounds__(AttendTileFor(kD).threads)
     VarlenAttentionKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
-  using A = VarlenAttention<kD, kK, kV>;
+  using A = VarlenAttention<kD, kK, kV, AttendMainloop::kWarpMma>;
+  constexpr int kAttendStages = A::kStages;
   if (static_cast<int32_t>(blockIdx.x) >= ws.counts[0]) return;
   const AttendWorkItem item = ws.items[blockIdx.x];
   const int kvh = blockIdx.y;
@@ -722,6 +891,7 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
   A::LoadQueryTile(p, item, kvh, sm);
   __syncthreads();
   typename A::RowState rs = A::BeginRows(p, item, kvh);
+  const bool holds_rows = A::HoldsRows(p, item);
   typename A::Output out;
 #pragma unroll
   for (int mt = 0; mt < A::kMTiles; ++mt) {
@@ -747,31 +917,116 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
       A::ConvertKvStage(p, sm, s);
       __syncthreads();
     }
-    typename A::Scores acc;
-    A::ScoreStep(sm, s, acc);
-    A::SoftmaxStep(p, item, kvh, sm, first, rs, acc, out);
-    A::AccumulateStep(sm, s, acc, out);
+    if (holds_rows) {
+      typename A::Scores acc;
+      A::ScoreStep(sm, s, acc);
+      A::SoftmaxStep(p, item, kvh, sm, first, rs, acc, out);
+      A::AccumulateStep(sm, s, acc, out);
+    }
     __syncthreads();  // the next step's copies and conversion reuse these buffers
   }
   A::StoreTile(p, ws, item, kvh, rs, out);
 }
 
-// The kernel's launcher: grid (plan.max_items, KV heads), its dynamic
-// shared memory raised once per device. Instantiated per manifest entry in
-// the generated units (a __global__ template's launch stub is local to the
-// unit that instantiates it, so the launcher is what crosses units).
+// The warpgroup mainloop (sm_90a): warp 8 produces the stages, warpgroups
+// 0 and 1 consume them, each at its own pace (mbarriers, no block
+// barrier after the prologue).
 template <int kD, OperandKind kK, OperandKind kV>
-int LaunchVarlenAttention(const DecodeParams& p, const AttendPlan& plan, const AttendWorkspace& ws,
-                          cudaStream_t stream) {
+__global__ void __launch_bounds__(AttendTileFor(kD, AttendMainloop::kWarpgroupMma).threads +
+                                      AttendTileFor(kD, AttendMainloop::kWarpgroupMma).producers,
+                                  1)
+    WarpSpecializedAttentionKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
+  using A = VarlenAttention<kD, kK, kV, AttendMainloop::kWarpgroupMma>;
+  if (static_cast<int32_t>(blockIdx.x) >= ws.counts[0]) return;
+  const AttendWorkItem item = ws.items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  extern __shared__ __align__(128) uint8_t attend_smem[];
+  const typename A::Smem sm = A::SmemAt(attend_smem);
+  const int steps = (item.kv_end - item.kv_begin + A::kTokens - 1) / A::kTokens;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < A::kStages; ++s) {
+      MbarrierInit(sm.full(s), 32);
+      MbarrierInit(sm.empty(s), A::kThreads);
+    }
+  }
+  if (threadIdx.x < A::kThreads) A::LoadQueryTile(p, item, kvh, sm);
+  __syncthreads();
+  if (threadIdx.x >= A::kThreads) {
+    A::ProduceSteps(p, item, kvh, sm, steps);
+    return;
+  }
+  typename A::RowState rs = A::BeginRows(p, item, kvh);
+  typename A::Output out;
+#pragma unroll
+  for (int dt = 0; dt < A::kDTiles; ++dt) {
+    out[0][dt][0] = out[0][dt][1] = out[0][dt][2] = out[0][dt][3] = 0.0f;
+  }
+  if (!A::HoldsRows(p, item)) {
+    // Rows past the chunk: keep pace with the stages, compute nothing.
+    for (int step = 0; step < steps; ++step) {
+      MbarrierWait(sm.full(step % A::kStages), (step / A::kStages) & 1);
+      MbarrierArrive(sm.empty(step % A::kStages));
+    }
+  } else {
+    // One product after the other inside a warpgroup; the other warpgroup's
+    // products run beside this one's softmax. (Issuing S_j before P_{j-1}·V
+    // to overlap them inside the warpgroup measured slower: docs/archive.md,
+    // "Query-chunk attention kernel".)
+    for (int step = 0; step < steps; ++step) {
+      const int s = step % A::kStages;
+      MbarrierWait(sm.full(s), (step / A::kStages) & 1);
+      typename A::Scores acc;
+      WgmmaFence();
+      A::IssueScoreProducts(sm, s, acc);
+      WgmmaWait<0>();
+      WgmmaPin(acc[0]);
+      A::SoftmaxStep(p, item, kvh, sm, item.kv_begin + step * A::kTokens, rs, acc, out);
+      typename A::Probs probs;
+      A::PackProbabilities(acc, probs);
+      WgmmaFence();
+      A::IssueValueProducts(sm, s, probs, out);
+      WgmmaWait<0>();
+      WgmmaPin(out[0]);
+      MbarrierArrive(sm.empty(s));
+    }
+  }
+  A::StoreTile(p, ws, item, kvh, rs, out);
+}
+
+// The kernel's launcher: grid (plan.max_items, KV heads), its dynamic
+// shared memory raised once per device.
+template <int kD, OperandKind kK, OperandKind kV, AttendMainloop kLoop>
+int LaunchVarlenAttentionOf(const DecodeParams& p, const AttendPlan& plan,
+                            const AttendWorkspace& ws, cudaStream_t stream) {
   constexpr int kMaxDevices = 64;
   static std::atomic<size_t> configured[kMaxDevices];
-  auto* kernel = &VarlenAttentionKernel<kD, kK, kV>;
+  void (*kernel)(DecodeParams, AttendPlan, AttendWorkspace);
+  if constexpr (kLoop == AttendMainloop::kWarpgroupMma) {
+    kernel = &WarpSpecializedAttentionKernel<kD, kK, kV>;
+  } else {
+    kernel = &VarlenAttentionKernel<kD, kK, kV>;
+  }
   const int err = EnsureDynamicSmem(reinterpret_cast<const void*>(kernel), plan.shared_bytes,
                                     configured, kMaxDevices);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(plan.max_items), static_cast<unsigned>(p.geo.num_kv_heads));
   return LaunchKernel(kernel, grid, dim3(plan.threads), plan.shared_bytes, stream, false, p, plan,
                       ws);
+}
+
+// The plan's mainloop for one manifest entry. Instantiated per entry in the
+// generated units (a __global__ template's launch stub is local to the
+// unit that instantiates it, so the launcher is what crosses units).
+template <int kD, OperandKind kK, OperandKind kV>
+int LaunchVarlenAttention(const DecodeParams& p, const AttendPlan& plan, const AttendWorkspace& ws,
+                          cudaStream_t stream) {
+  if constexpr (AttendWarpgroupServes(kD, kK, kV)) {
+    if (plan.mainloop == static_cast<int32_t>(AttendMainloop::kWarpgroupMma)) {
+      return LaunchVarlenAttentionOf<kD, kK, kV, AttendMainloop::kWarpgroupMma>(p, plan, ws,
+                                                                                stream);
+    }
+  }
+  return LaunchVarlenAttentionOf<kD, kK, kV, AttendMainloop::kWarpMma>(p, plan, ws, stream);
 }
 
 #define KVPAGE_ATTEND_INSTANTIATE(K, V, D)                               \

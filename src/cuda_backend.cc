@@ -215,13 +215,16 @@ absl::StatusOr<DeviceProfile> CudaDeviceProfile(int32_t ordinal) {
     return InvalidArgument(kvpage::StrFormat(
         "config->device_ordinal = %d, but %d CUDA device(s) are present", ordinal, count));
   }
-  int num_sms = 0, cc_major = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0;
+  int num_sms = 0, cc_major = 0, cc_minor = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0;
   KVP_RETURN_IF_ERROR(
       CudaError(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, ordinal),
                 "cudaDeviceGetAttribute(MultiProcessorCount)"));
   KVP_RETURN_IF_ERROR(
       CudaError(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, ordinal),
                 "cudaDeviceGetAttribute(ComputeCapabilityMajor)"));
+  KVP_RETURN_IF_ERROR(
+      CudaError(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, ordinal),
+                "cudaDeviceGetAttribute(ComputeCapabilityMinor)"));
   KVP_RETURN_IF_ERROR(CudaError(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal),
       "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)"));
@@ -237,6 +240,9 @@ absl::StatusOr<DeviceProfile> CudaDeviceProfile(int32_t ordinal) {
   d.max_shared_per_block = static_cast<size_t>(smem_optin);
   d.shared_per_sm = static_cast<size_t>(smem_per_sm);
   d.reserved_shared_per_block = static_cast<size_t>(smem_reserved);
+#if KVPAGE_HAVE_SM90A
+  d.wgmma = cc_major == 9 && cc_minor == 0;
+#endif
   return d;
 #else
   return Unsupported(

@@ -47,6 +47,7 @@ DecodeTuning DecodeTuningFromEnvironment() {
   t.dependent_decode = OnUnlessZero("KVPAGE_DECODE_PDL");
   t.dependent_write = OnUnlessZero("KVPAGE_WRITE_PDL");
   t.attend_split = OnUnlessZero("KVPAGE_ATTEND_SPLIT");
+  t.attend_wgmma = OnUnlessZero("KVPAGE_ATTEND_WGMMA");
   if (const char* v = std::getenv("KVPAGE_DECODE_PARTITION")) {
     int32_t n = 0;
     if (absl::SimpleAtoi(v, &n) && n >= kPartitionTokenMultiple &&
@@ -187,15 +188,26 @@ constexpr int32_t kAttendMinSplitTokens = 512;
 
 AttendPlan PlanAttend(const CacheGeometry& geo, const DecodeCapacity& cap,
                       const DeviceProfile& device, const DecodeTuning& tuning) {
-  const kernels::AttendTile tile = kernels::AttendTileFor(geo.head_size);
+  // The warpgroup mainloop wherever it exists (sm_90a, the head sizes and
+  // sides it serves): wgmma reads each K/V tile from shared memory once per
+  // 64 rows, where mma.sync's ldmatrix reads it once per warp, and its
+  // warpgroups overlap each other's softmax (docs/DESIGN.md, "Attention
+  // over query chunks").
+  const kernels::OperandKind k_side = kernels::OperandKindOf(geo.k_dtype);
+  const kernels::OperandKind v_side = kernels::OperandKindOf(geo.v_dtype);
+  const kernels::AttendMainloop loop =
+      device.wgmma && tuning.attend_wgmma &&
+              kernels::AttendWarpgroupServes(geo.head_size, k_side, v_side)
+          ? kernels::AttendMainloop::kWarpgroupMma
+          : kernels::AttendMainloop::kWarpMma;
+  const kernels::AttendTile tile = kernels::AttendTileFor(geo.head_size, loop);
   AttendPlan plan;
+  plan.mainloop = static_cast<int32_t>(loop);
   plan.tile_rows = tile.rows;
   plan.tile_tokens = tile.tokens;
-  plan.threads = tile.threads;
+  plan.threads = tile.threads + tile.producers;
   plan.shared_bytes =
-      static_cast<size_t>(kernels::AttendLayout(geo.head_size, kernels::OperandKindOf(geo.k_dtype),
-                                                kernels::OperandKindOf(geo.v_dtype))
-                              .bytes);
+      static_cast<size_t>(kernels::AttendLayout(geo.head_size, k_side, v_side, loop).bytes);
   const int64_t group = geo.num_kv_heads > 0 ? cap.num_q_heads / geo.num_kv_heads : 1;
   const int64_t tiles = (int64_t{cap.max_query_tokens} * group + tile.rows - 1) / tile.rows +
                         std::min(cap.max_num_seqs, cap.max_query_tokens);

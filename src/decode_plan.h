@@ -39,12 +39,15 @@ struct DeviceProfile {
   size_t max_shared_per_block = 0;       // opt-in limit of one block
   size_t shared_per_sm = 0;              // shared memory of one SM
   size_t reserved_shared_per_block = 0;  // the system's share of it per resident block
+  // The library's sm_90a machine code runs here (compute capability 9.0 and
+  // a build for 90a): wgmma kernels exist.
+  bool wgmma = false;
 
   // Profiles of the devices the plan is pinned for (tests; the CUDA backend
   // reads its own device's figures).
-  static constexpr DeviceProfile H100() { return {132, 9, 232448, 233472, 1024}; }
-  static constexpr DeviceProfile H200() { return {132, 9, 232448, 233472, 1024}; }
-  static constexpr DeviceProfile A100() { return {108, 8, 166912, 167936, 1024}; }
+  static constexpr DeviceProfile H100() { return {132, 9, 232448, 233472, 1024, true}; }
+  static constexpr DeviceProfile H200() { return {132, 9, 232448, 233472, 1024, true}; }
+  static constexpr DeviceProfile A100() { return {108, 8, 166912, 167936, 1024, false}; }
 };
 
 // Tuning overrides of the CUDA backend's launches: comparisons, tuning
@@ -66,6 +69,9 @@ struct DecodeTuning {
   int32_t prefetch_v_steps = -1;
   // KVPAGE_ATTEND_SPLIT=0: kvp_attend never splits a tile's context.
   bool attend_split = true;
+  // KVPAGE_ATTEND_WGMMA=0: kvp_attend runs the mma.sync mainloop on Hopper
+  // too.
+  bool attend_wgmma = true;
 };
 
 // The tuning the KVPAGE_* environment variables ask for (README.md's table);

@@ -163,6 +163,7 @@ struct DecodeWorkspace {
 // kernel combines the items of tiles whose context was split
 // (docs/DESIGN.md, "Attention over query chunks").
 struct AttendPlan {
+  int32_t mainloop = 0;     // kernels::AttendMainloop (kernels/attend_traits.h)
   int32_t tile_rows = 0;    // query rows (token x query head of a group) a block serves
   int32_t tile_tokens = 0;  // KV tokens per mainloop step
   int32_t threads = 0;

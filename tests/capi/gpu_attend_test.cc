@@ -204,20 +204,25 @@ TEST(GpuAttend, AgreesWithTheCpuAcrossTheMatrix) {
     SCOPED_TRACE(absl::StrFormat("K=%s V=%s D=%d bs=%d hkv=%d group=%d smooth=%d",
                                  DtypeName(g.k_dtype), DtypeName(g.v_dtype), g.head_size,
                                  g.block_size, g.num_kv_heads, group, g.smoothing));
-    // Half the trials without split KV (read when the CUDA cache is
-    // created), so that both schedules serve every dtype and head size.
+    // Half the trials without split KV, and half of each half on the
+    // mma.sync mainloop where the plan would pick the warpgroup one (both
+    // switches read when the CUDA cache is created), so that both
+    // schedules and both mainloops serve every dtype and head size.
     const bool split = trial % 2 == 0;
+    const bool wgmma = trial % 4 < 2;
     if (!split) setenv("KVPAGE_ATTEND_SPLIT", "0", 1);
+    if (!wgmma) setenv("KVPAGE_ATTEND_WGMMA", "0", 1);
     Twins twins(g, rng);
     unsetenv("KVPAGE_ATTEND_SPLIT");
+    unsetenv("KVPAGE_ATTEND_WGMMA");
     ASSERT_EQ(twins.error(), "");
     const Layout l = RandomLayout(rng, lens, g.block_size, g.num_blocks);
     FillTwins(twins, rng, 0, KVP_DTYPE_FP32, l);
     AttendBatch b = MakeBatch(rng, l, counts, g.num_kv_heads * group, g.head_size);
     RandomOptions(rng, &b);
-    SCOPED_TRACE(absl::StrFormat("window=%d softcap=%g alibi=%d q=%s out=%s split=%d",
+    SCOPED_TRACE(absl::StrFormat("window=%d softcap=%g alibi=%d q=%s out=%s split=%d wgmma=%d",
                                  b.sliding_window, b.soft_cap, !b.alibi.empty(),
-                                 DtypeName(b.q_dtype), DtypeName(b.out_dtype), split));
+                                 DtypeName(b.q_dtype), DtypeName(b.out_dtype), split, wgmma));
     CompareAttend(twins, b, g.head_size, g.v_dtype, n + rng.uniform(0, 3), 1024,
                   b.tokens() + rng.uniform(0, 100) + 1);
     if (HasFailure()) return;
@@ -240,8 +245,12 @@ TEST(GpuAttend, LongChunksAndContexts) {
       {{16}, {32768}},           {{1, 1, 1, 1}, {32768, 9000, 17, 20000}},
       {{2048, 1}, {3000, 8192}}, {{1500, 1500, 0}, {1500, 3000, 40}, 8, 2},
   };
+  int case_index = 0;
   for (int k_dtype : kKvDtypes) {
     for (const Shape& s : shapes) {
+      // Alternate cases on the mma.sync mainloop (where the plan would pick
+      // the warpgroup one): both see every dtype and long shapes.
+      const bool wgmma = case_index++ % 2 == 0;
       Geometry g;
       g.k_dtype = g.v_dtype = k_dtype;
       g.head_size = 128;
@@ -249,9 +258,12 @@ TEST(GpuAttend, LongChunksAndContexts) {
       g.num_kv_heads = s.num_kv_heads;
       g.num_layers = 1;
       g.num_blocks = BlocksFor(s.lens, 16) + 2;
-      SCOPED_TRACE(absl::StrFormat("K=V=%s counts[0]=%d lens[0]=%d hkv=%d", DtypeName(k_dtype),
-                                   s.counts[0], s.lens[0], s.num_kv_heads));
+      SCOPED_TRACE(absl::StrFormat("K=V=%s counts[0]=%d lens[0]=%d hkv=%d wgmma=%d",
+                                   DtypeName(k_dtype), s.counts[0], s.lens[0], s.num_kv_heads,
+                                   wgmma));
+      if (!wgmma) setenv("KVPAGE_ATTEND_WGMMA", "0", 1);
       Twins twins(g, rng);
+      unsetenv("KVPAGE_ATTEND_WGMMA");
       ASSERT_EQ(twins.error(), "");
       const Layout l = RandomLayout(rng, s.lens, 16, g.num_blocks);
       FillTwins(twins, rng, 0, KVP_DTYPE_BF16, l);
@@ -386,7 +398,7 @@ TEST(GpuAttend, OneGraphServesEveryMix) {
 
 // Checked mode: offsets and lengths the host cannot see are checked on the
 // device and reported by the next call; the rest of the batch still runs.
-TEST(GpuAttend, CheckedModeReportsBadOffsets) {
+TEST(GpuAttend, CheckedModeReportsBadInputs) {
   SKIP_WITHOUT_GPU();
   kvp_cache_config cfg;
   kvp_cache_config_init(&cfg);
@@ -411,18 +423,21 @@ TEST(GpuAttend, CheckedModeReportsBadOffsets) {
   const int D = cfg.head_size;
   DeviceBuffer<uint8_t> dq(std::vector<uint8_t>(size_t(16) * 2 * D * 2, 0x3C));
   DeviceBuffer<uint8_t> dout(std::vector<uint8_t>(size_t(16) * 2 * D * 2));
-  DeviceBuffer<int32_t> dtable(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  const std::vector<int32_t> good_table = {0, 1, 2, 3, 4, 5, 6, 7};
   struct Bad {
     std::vector<int32_t> starts, lens;
     const char* needle;
+    std::vector<int32_t> table;
   } cases[] = {
-      {{0, 3, 2}, {10, 10}, "query_starts[2] = 2"},
-      {{0, 3, 9}, {10, 10}, "query_starts[2] = 9"},
-      {{0, 5, 6}, {4, 10}, "sequence 0 5 query tokens but seq_lens[0] = 4"},
-      {{0, 1, 2}, {10, 65}, "seq_lens[1] = 65"},
+      {{0, 3, 2}, {10, 10}, "query_starts[2] = 2", good_table},
+      {{0, 3, 9}, {10, 10}, "query_starts[2] = 9", good_table},
+      {{0, 5, 6}, {4, 10}, "sequence 0 5 query tokens but seq_lens[0] = 4", good_table},
+      {{0, 1, 2}, {10, 65}, "seq_lens[1] = 65", good_table},
+      // Row 1's third block (tokens 32-47 of its 60) is not a block.
+      {{0, 1, 2}, {10, 60}, "block id 99 in block_table row 1", {0, 1, 2, 3, 4, 5, 99, 7}},
   };
   for (const Bad& c : cases) {
-    DeviceBuffer<int32_t> dstarts(c.starts), dlens(c.lens);
+    DeviceBuffer<int32_t> dstarts(c.starts), dlens(c.lens), dtable(c.table);
     kvp_attend_args a;
     kvp_attend_args_init(&a);
     a.num_seqs = 2;

@@ -47,6 +47,14 @@ int LaunchScaleDivisionCheck(unsigned long long* counts, int64_t random_pairs, u
 // *bytes; returns the CUDA error of the launch or copy.
 int ProbeDecodeSmemMisalignment(uint32_t* bytes);
 
+// Test support (sm_90a): one warpgroup's S = Q Kᵀ and O = P V, P = S
+// rounded to the input type, through kernels/common/wgmma.cuh. Device
+// arrays, row-major 16-bit values (bf16: BF16, else FP16): q [64][128],
+// k [64][128] (token x channel), v [128][64] (channel x token); s [64][64]
+// and o [64][128] FP32.
+int LaunchWgmmaTileCheck(bool bf16, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                         float* s, float* o, void* stream);
+
 }  // namespace kernels
 }  // namespace kvpage
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "kernels/attend_traits.h"
 #include "kernels/decode_traits.h"
 #include "src/decode_partition.h"
 #include "src/manifest.h"
@@ -370,8 +371,9 @@ CacheGeometry AttendGeometry(DType k, DType v, int head_size, int kv_heads) {
   return g;
 }
 
-// kvp_attend's plan: the tile per head size, the work-item bound of a batch
-// at capacity, the split-KV target from the SMs, and the tuning's switch.
+// kvp_attend's plan: the mainloop and tile per device and head size, the
+// work-item bound of a batch at capacity, the split-KV target from the SMs,
+// and the tuning's switches.
 TEST(AttendPlan, PinnedForTheH100) {
   DecodeCapacity cap;
   cap.num_q_heads = 32;
@@ -379,9 +381,12 @@ TEST(AttendPlan, PinnedForTheH100) {
   cap.max_context_len = 32768;
   cap.max_query_tokens = 8192;
   const AttendPlan p = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, DecodeTuning{});
+  // sm_90a: the warpgroup mainloop, 64-token steps, two warpgroups and a
+  // producer warp.
+  EXPECT_EQ(p.mainloop, static_cast<int32_t>(kernels::AttendMainloop::kWarpgroupMma));
   EXPECT_EQ(p.tile_rows, 128);
-  EXPECT_EQ(p.tile_tokens, 32);
-  EXPECT_EQ(p.threads, 128);
+  EXPECT_EQ(p.tile_tokens, 64);
+  EXPECT_EQ(p.threads, 288);
   // 8192 tokens x 4 heads of a group / 128 rows, plus one partial tile for
   // each of 256 sequences.
   EXPECT_EQ(p.max_tiles, 256 + 256);
@@ -401,6 +406,30 @@ TEST(AttendPlan, PinnedForTheH100) {
       528);
   EXPECT_EQ(PlanAttend(AttendGeometry(kINT4, kINT4, 256, 1), cap, kH100, DecodeTuning{}).tile_rows,
             64);
+  // The mma.sync mainloop: head sizes without a warpgroup tile, sides of
+  // codes, the A100, and the tuning's switch.
+  for (int d : {80, 96, 112, 256}) {
+    const AttendPlan w = PlanAttend(AttendGeometry(kBF16, kFP16, d, 8), cap, kH100, {});
+    EXPECT_EQ(w.mainloop, static_cast<int32_t>(kernels::AttendMainloop::kWarpMma)) << d;
+    EXPECT_EQ(w.threads, 128) << d;
+  }
+  for (DType codes : {kFP8, kINT8, kINT4}) {
+    EXPECT_EQ(PlanAttend(AttendGeometry(codes, kBF16, 128, 8), cap, kH100, {}).mainloop,
+              static_cast<int32_t>(kernels::AttendMainloop::kWarpMma));
+    EXPECT_EQ(PlanAttend(AttendGeometry(kFP16, codes, 64, 8), cap, kH100, {}).mainloop,
+              static_cast<int32_t>(kernels::AttendMainloop::kWarpMma));
+  }
+  const AttendPlan a100 = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kA100, {});
+  EXPECT_EQ(a100.mainloop, static_cast<int32_t>(kernels::AttendMainloop::kWarpMma));
+  EXPECT_EQ(a100.tile_tokens, 32);
+  DecodeTuning no_wgmma;
+  no_wgmma.attend_wgmma = false;
+  const AttendPlan m = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, no_wgmma);
+  EXPECT_EQ(m.mainloop, static_cast<int32_t>(kernels::AttendMainloop::kWarpMma));
+  EXPECT_EQ(m.tile_tokens, 32);
+  EXPECT_EQ(m.threads, 128);
+  EXPECT_EQ(PlanAttend(AttendGeometry(kFP16, kBF16, 64, 8), cap, kH100, {}).mainloop,
+            static_cast<int32_t>(kernels::AttendMainloop::kWarpgroupMma));
 }
 
 // Every head size of the manifest and every pair of K/V dtypes: the tile's
@@ -422,6 +451,11 @@ TEST(AttendPlan, SharedMemoryFitsEveryGeometry) {
           EXPECT_LE(2 * (p.shared_bytes + kH100.reserved_shared_per_block), kH100.shared_per_sm);
         }
         EXPECT_EQ(p.tile_tokens % 32, 0);  // a multiple of every block size
+        // The H100's plan (the warpgroup mainloop at 64 and 128) fits one
+        // block of it.
+        const AttendPlan h = PlanAttend(AttendGeometry(k, v, d, 2), cap, kH100, DecodeTuning{});
+        EXPECT_LE(h.shared_bytes + kH100.reserved_shared_per_block, kH100.max_shared_per_block);
+        EXPECT_EQ(h.tile_tokens % 32, 0);
       }
     }
   }
