@@ -36,15 +36,17 @@ KVP_HOST_DEVICE constexpr OperandKind OperandKindOf(DType t) {
 // is built on (the plan picks one per device and head size):
 //   kWarpMma        mma.sync m16n8k16 (sm_80+), each warp its own rows;
 //                   operands through ldmatrix from padded tiles;
-//   kWarpgroupMma   wgmma (sm_90a), warp-specialized: a producer warp
-//                   copies the pages into stages, two warpgroups of 64
-//                   rows each compute, paced by mbarriers alone, so one's
-//                   softmax runs beside the other's products; Q, K and V
-//                   read by the tensor cores from 128-byte-swizzled tiles
-//                   (kernels/common/wgmma.cuh), P from registers. Head
-//                   sizes 64 and 128 (64-column panels; 256 would leave no
-//                   registers), 16-bit K and V sides (codes need a
-//                   conversion pass between the copy and the products).
+//   kWarpgroupMma   wgmma (sm_90a), warp-specialized: a producer
+//                   warpgroup copies the pages into stages, two warpgroups
+//                   of 64 rows each compute, paced by mbarriers alone, so
+//                   one's softmax runs beside the other's products; Q, K
+//                   and V read by the tensor cores from 128-byte-swizzled
+//                   tiles (kernels/common/wgmma.cuh), P from registers.
+//                   Head sizes 64 and 128 (64-column panels; 256 would
+//                   leave no registers), BF16/FP16 K and V: sides of codes
+//                   measured slower converted by the producer warpgroup
+//                   than on kWarpMma (docs/archive.md, "Query-chunk
+//                   attention kernel").
 enum class AttendMainloop : int32_t { kWarpMma = 0, kWarpgroupMma = 1 };
 
 // The tile of one block: `rows` query rows (a row is a query token of the
@@ -60,9 +62,9 @@ enum class AttendMainloop : int32_t { kWarpMma = 0, kWarpgroupMma = 1 };
 //     (three measured 3-8% slower on the H100: the step is not waiting on
 //     its copies).
 //   kWarpgroupMma: 2 warpgroups of 64 rows (each warp 16 rows of the
-//     accumulators) and a producer warp; 64-token steps (at head size 128
-//     S = 32 and O = 64 registers a thread: 288 threads leave 168); three
-//     stages, so that the producer runs a step ahead of the slower
+//     accumulators) and a producer warpgroup; 64-token steps (at head size
+//     128 S = 32 and O = 64 registers a thread: 384 threads leave 168);
+//     three stages, so that the producer runs a step ahead of the slower
 //     warpgroup while the faster one may be a step ahead of it.
 struct AttendTile {
   int rows;
@@ -74,7 +76,7 @@ struct AttendTile {
 };
 KVP_HOST_DEVICE constexpr AttendTile AttendTileFor(int head_size,
                                                    AttendMainloop loop = AttendMainloop::kWarpMma) {
-  return loop == AttendMainloop::kWarpgroupMma ? AttendTile{128, 64, 256, 1, 32, 3}
+  return loop == AttendMainloop::kWarpgroupMma ? AttendTile{128, 64, 256, 1, 128, 3}
          : head_size <= 64                     ? AttendTile{128, 64, 128, 2, 0, 2}
          : head_size <= 128                    ? AttendTile{128, 32, 128, 2, 0, 2}
                                                : AttendTile{64, 32, 128, 1, 0, 2};
@@ -86,31 +88,35 @@ KVP_HOST_DEVICE constexpr bool AttendWarpgroupServes(int head_size, OperandKind 
 }
 
 // Shared memory of one block, in bytes from the start of the dynamic
-// region. kWarpMma: each region 128-byte aligned; 16-bit operand tiles
-// have rows padded by 16 bytes, so that the eight rows one ldmatrix reads
-// fall into eight different 16-byte bank groups at every head size (a row
-// pitch of an odd number of 16-byte units). kWarpgroupMma: each region
-// 1024-byte aligned, operand tiles unpadded and swizzled (the swizzle
-// spreads the rows over the banks).
+// region.
 //   q          [rows][head_size (+ 8)] 16-bit (K's operand type)
-//   stage s    (`stages` of them): K, V, K scales, V scales as the
-//              cache holds them for kCodes sides, or the operand tiles of
-//              kBf16 / kFp16 sides
-//   k_operand  [tokens][head_size (+ 8)], v_operand [head_size][tokens (+ 8)]
-//              (kCodes sides: the converted stage; else absent)
-//   scales     FP32 k_scale, k_min, v_scale, v_min [tokens] each
+//   stage s    (`stages` of them) what a step's products read: the operand
+//              tiles K [tokens][head_size (+ 8)] and V [head_size][tokens
+//              (+ 8)], and (kWarpgroupMma) the FP32 scales k_scale, k_min,
+//              v_scale, v_min [tokens] each
+//   raw r      where a step's pages of sides of codes land as the cache
+//              holds them: K [chunk][token][16 bytes], V [channel][token
+//              codes], K and V scale entries [token]. kWarpMma: stage s
+//              itself (the operand tiles of sides of codes are then one
+//              k_operand / v_operand pair, and the FP32 scales one `scales`
+//              region); kWarpgroupMma: two slots of their own
 //   q_sum      FP32 [rows]: each row's sum of q (INT4 K's min term)
 //   barriers   kWarpgroupMma: mbarriers full[stages], empty[stages]
-// kWarpgroupMma's regions start at the first 1024-byte boundary of the
-// dynamic shared memory (the swizzle is of absolute addresses): its
+// kWarpMma: each region 128-byte aligned; 16-bit tile rows padded by 16
+// bytes, so that the eight rows one ldmatrix reads fall into eight
+// different 16-byte bank groups at every head size (a row pitch of an odd
+// number of 16-byte units). kWarpgroupMma: each region 1024-byte aligned,
+// tiles unpadded and swizzled, starting at the first 1024-byte boundary of
+// the dynamic shared memory (the swizzle is of absolute addresses): its
 // `bytes` hold 1024 more for that.
-
 struct AttendSmemLayout {
   int64_t q = 0;
-  int64_t stage_base = 0, stage_bytes = 0;  // stage s at stage_base + s * stage_bytes
-  int64_t stage_k = 0, stage_v = 0, stage_k_scales = 0, stage_v_scales = 0;  // within a stage
-  int64_t k_operand = 0, v_operand = 0;
-  int64_t scales = 0;
+  int64_t stage_base = 0, stage_bytes = 0;             // stage s at stage_base + s * stage_bytes
+  int64_t stage_k = 0, stage_v = 0, stage_scales = 0;  // within a stage
+  int64_t raw_base = 0, raw_bytes = 0;                 // raw slot r at raw_base + r * raw_bytes
+  int64_t raw_k = 0, raw_v = 0, raw_k_scales = 0, raw_v_scales = 0;  // within a raw slot
+  int64_t k_operand = 0, v_operand = 0;                              // kWarpMma, sides of codes
+  int64_t scales = 0;                                                // kWarpMma
   int64_t q_sum = 0;
   int64_t barriers = 0;
   int64_t bytes = 0;
@@ -130,30 +136,50 @@ KVP_HOST_DEVICE constexpr AttendSmemLayout AttendLayout(
   const int64_t v_tile = int64_t{head_size} * (t.tokens + pad) * 2;
   // Codes of 8 bits or fewer: at most one byte per element; scale entries
   // of at most 4 bytes per token.
-  const int64_t k_codes = int64_t{t.tokens} * head_size;
-  const int64_t v_codes = int64_t{t.tokens} * head_size;
-  const bool k_codes_side = k == OperandKind::kCodes;
-  const bool v_codes_side = v == OperandKind::kCodes;
+  const int64_t codes = int64_t{t.tokens} * head_size;
+  const int64_t entries = AttendAlignTo(int64_t{t.tokens} * 4, align);
+  const int64_t scales = AttendAlignTo(int64_t{t.tokens} * 4 * 4, align);
+  const bool k_codes = k == OperandKind::kCodes;
+  const bool v_codes = v == OperandKind::kCodes;
   AttendSmemLayout l;
   int64_t at = 0;
   l.q = at;
   at += AttendAlignTo(int64_t{t.rows} * (head_size + pad) * 2, align);
-  l.stage_k = 0;
-  l.stage_v = AttendAlignTo(k_codes_side ? k_codes : k_tile, align);
-  l.stage_k_scales = l.stage_v + AttendAlignTo(v_codes_side ? v_codes : v_tile, align);
-  l.stage_v_scales =
-      l.stage_k_scales + (k_codes_side ? AttendAlignTo(int64_t{t.tokens} * 4, align) : 0);
-  const int64_t stage_bytes =
-      l.stage_v_scales + (v_codes_side ? AttendAlignTo(int64_t{t.tokens} * 4, align) : 0);
+  // A raw slot (offsets within it); kWarpMma's 16-bit sides land in their
+  // operand tiles there.
+  int64_t raw = 0;
+  l.raw_k = raw;
+  raw += AttendAlignTo(k_codes ? codes : swizzled ? 0 : k_tile, align);
+  l.raw_v = raw;
+  raw += AttendAlignTo(v_codes ? codes : swizzled ? 0 : v_tile, align);
+  l.raw_k_scales = raw;
+  raw += k_codes ? entries : 0;
+  l.raw_v_scales = raw;
+  raw += v_codes ? entries : 0;
   l.stage_base = at;
-  l.stage_bytes = stage_bytes;
-  at += t.stages * stage_bytes;
-  l.k_operand = at;
-  at += k_codes_side ? AttendAlignTo(k_tile, align) : 0;
-  l.v_operand = at;
-  at += v_codes_side ? AttendAlignTo(v_tile, align) : 0;
-  l.scales = at;
-  at += AttendAlignTo(int64_t{t.tokens} * 4 * 4, align);
+  if (!swizzled) {
+    l.stage_k = l.raw_k;
+    l.stage_v = l.raw_v;
+    l.stage_bytes = raw;
+    l.raw_base = l.stage_base;
+    l.raw_bytes = raw;
+    at += t.stages * raw;
+    l.k_operand = at;
+    at += k_codes ? AttendAlignTo(k_tile, align) : 0;
+    l.v_operand = at;
+    at += v_codes ? AttendAlignTo(v_tile, align) : 0;
+    l.scales = at;
+    at += scales;
+  } else {
+    l.stage_k = 0;
+    l.stage_v = AttendAlignTo(k_tile, align);
+    l.stage_scales = l.stage_v + AttendAlignTo(v_tile, align);
+    l.stage_bytes = l.stage_scales + (k_codes || v_codes ? scales : 0);
+    at += t.stages * l.stage_bytes;
+    l.raw_base = at;
+    l.raw_bytes = raw;
+    at += (k_codes || v_codes ? 2 : 0) * raw;
+  }
   l.q_sum = at;
   at += AttendAlignTo(int64_t{t.rows} * 4, align);
   l.barriers = at;

@@ -53,6 +53,12 @@ struct VarlenAttention {
   static constexpr int kTokens = kTile.tokens;
   static constexpr int kThreads = kTile.threads;  // computing threads (the producer aside)
   static constexpr int kStages = kTile.stages;
+  // The threads that copy (and convert) a step's pages: all of them
+  // (kWarpMma), or the producer warpgroup after the computing ones.
+  static constexpr int kCopiers = kWarpgroup ? kTile.producers : kThreads;
+  __device__ static unsigned CopierIndex() {
+    return kWarpgroup ? threadIdx.x - kThreads : threadIdx.x;
+  }
   static constexpr int kQPitch = kD + 8;         // kWarpMma: 16-bit elements a Q and K tile row
   static constexpr int kVPitch = kTokens + 8;    // a V tile channel row
   static constexpr int kMTiles = kTile.m_tiles;  // 16-row m-tiles per warp
@@ -71,8 +77,13 @@ struct VarlenAttention {
     static constexpr int64_t stage_bytes = AttendLayout(kD, kK, kV, kLoop).stage_bytes;
     static constexpr int64_t stage_k = AttendLayout(kD, kK, kV, kLoop).stage_k;
     static constexpr int64_t stage_v = AttendLayout(kD, kK, kV, kLoop).stage_v;
-    static constexpr int64_t stage_k_scales = AttendLayout(kD, kK, kV, kLoop).stage_k_scales;
-    static constexpr int64_t stage_v_scales = AttendLayout(kD, kK, kV, kLoop).stage_v_scales;
+    static constexpr int64_t stage_scales = AttendLayout(kD, kK, kV, kLoop).stage_scales;
+    static constexpr int64_t raw_base = AttendLayout(kD, kK, kV, kLoop).raw_base;
+    static constexpr int64_t raw_bytes = AttendLayout(kD, kK, kV, kLoop).raw_bytes;
+    static constexpr int64_t raw_k = AttendLayout(kD, kK, kV, kLoop).raw_k;
+    static constexpr int64_t raw_v = AttendLayout(kD, kK, kV, kLoop).raw_v;
+    static constexpr int64_t raw_k_scales = AttendLayout(kD, kK, kV, kLoop).raw_k_scales;
+    static constexpr int64_t raw_v_scales = AttendLayout(kD, kK, kV, kLoop).raw_v_scales;
     static constexpr int64_t k_operand = AttendLayout(kD, kK, kV, kLoop).k_operand;
     static constexpr int64_t v_operand = AttendLayout(kD, kK, kV, kLoop).v_operand;
     static constexpr int64_t scales = AttendLayout(kD, kK, kV, kLoop).scales;
@@ -82,9 +93,9 @@ struct VarlenAttention {
   static_assert(kD % 16 == 0 && kRows == 16 * kMTiles * (kThreads / 32),
                 "a warp owns kMTiles m-tiles of 16 rows");
   static_assert(!kWarpgroup || (AttendWarpgroupServes(kD, kK, kV) && kMTiles == 1 &&
-                                kThreads == 256 && kTile.producers == 32),
+                                kThreads == 256 && kTile.producers == 128),
                 "the warpgroup mainloop: two warpgroups, a warp's 16 rows of the products, a "
-                "producer warp");
+                "producer warpgroup");
   using Scores = float[kMTiles][kNTiles][4];  // S, then P, of the warp's rows
   using Output = float[kMTiles][kDTiles][4];  // O of the warp's rows
 
@@ -146,15 +157,20 @@ struct VarlenAttention {
     __device__ uint8_t* stage(int s) const {
       return base + Layout::stage_base + s * Layout::stage_bytes;
     }
+    __device__ uint8_t* raw(int r) const { return base + Layout::raw_base + r * Layout::raw_bytes; }
     __device__ uint16_t* k_tile(int s) const {
-      return reinterpret_cast<uint16_t*>(kKCodes ? base + Layout::k_operand
-                                                 : stage(s) + Layout::stage_k);
+      return reinterpret_cast<uint16_t*>(kKCodes && !kWarpgroup ? base + Layout::k_operand
+                                                                : stage(s) + Layout::stage_k);
     }
     __device__ uint16_t* v_tile(int s) const {
-      return reinterpret_cast<uint16_t*>(kVCodes ? base + Layout::v_operand
-                                                 : stage(s) + Layout::stage_v);
+      return reinterpret_cast<uint16_t*>(kVCodes && !kWarpgroup ? base + Layout::v_operand
+                                                                : stage(s) + Layout::stage_v);
     }
-    __device__ float* scales() const { return reinterpret_cast<float*>(base + Layout::scales); }
+    // k_scale, k_min, v_scale, v_min [kTokens] each, of stage s's step.
+    __device__ float* scales(int s) const {
+      return reinterpret_cast<float*>(kWarpgroup ? stage(s) + Layout::stage_scales
+                                                 : base + Layout::scales);
+    }
     __device__ float* q_sum() const { return reinterpret_cast<float*>(base + Layout::q_sum); }
     // kWarpgroupMma: stage s holds its step's pages (the producer's
     // arrivals) / is free again (every computing thread's).
@@ -236,32 +252,32 @@ struct VarlenAttention {
 
   // Where a thread's copies of one step come from. Each thread copies the
   // same token (K) or the same span of tokens (V, scales) in every one of
-  // its copies of a step (the copy index advances by kThreads, a multiple
+  // its copies of a step (the copy index advances by kCopiers, a multiple
   // of the tile's tokens and spans), so it needs one block id per side a
   // step, and its indices are shifts of powers of two. The ids of a step
   // are read a step ahead (StepIds), so that the table's latency hides
   // behind the math instead of holding up the copies.
-  __device__ static int KToken() { return threadIdx.x % kTokens; }
+  __device__ static int KToken() { return CopierIndex() % kTokens; }
   // V: 8 tokens (16 bytes of a channel) a copy for 16-bit sides; for codes
   // pieces of min(16, a block's channel row) bytes.
   __device__ static int CodePieceBytes(const CacheGeometry& g) {
     return min(16, g.block_size * g.v_bits() / 8);
   }
   __device__ static int CodePieces(const CacheGeometry& g) {
-    return kTokens * g.v_bits() / 8 / CodePieceBytes(g);  // a power of two dividing kThreads
+    return kTokens * g.v_bits() / 8 / CodePieceBytes(g);  // a power of two dividing kCopiers
   }
   __device__ static int VToken(const CacheGeometry& g) {
     if constexpr (kVCodes) {
-      return (threadIdx.x % CodePieces(g)) * CodePieceBytes(g) * 8 / g.v_bits();
+      return (CopierIndex() % CodePieces(g)) * CodePieceBytes(g) * 8 / g.v_bits();
     } else {
-      return 8 * (threadIdx.x % (kTokens / 8));
+      return 8 * (CopierIndex() % (kTokens / 8));
     }
   }
   // Scale entries: 16 bytes a copy, the first kTokens * entry / 16 threads.
   __device__ static bool CopiesScales(int entry) {
-    return static_cast<int>(threadIdx.x) < kTokens * entry / 16;
+    return static_cast<int>(CopierIndex()) < kTokens * entry / 16;
   }
-  __device__ static int ScaleToken(int entry) { return threadIdx.x * 16 / entry; }
+  __device__ static int ScaleToken(int entry) { return CopierIndex() * 16 / entry; }
 
   struct StepIds {
     int32_t k, v, k_scales, v_scales;  // -1: past the context (zeros)
@@ -295,25 +311,26 @@ struct VarlenAttention {
     return {base, token & (p.geo.block_size - 1), id >= 0};
   }
 
-  // cp.async of a step (block ids `ids`) into stage `s`: the operand tiles
-  // themselves for 16-bit sides, the cache's codes and scale entries for
-  // sides of codes (K as [chunk][token][16 bytes], V as [channel][token
-  // codes], scales [token]). Pages past the context land as zeros.
+  // cp.async of a step (block ids `ids`): 16-bit sides into the operand
+  // tiles of stage `s`, sides of codes (the cache's codes and scale
+  // entries: K as [chunk][token][16 bytes], V as [channel][token codes],
+  // scales [token]) into raw slot `r`. Pages past the context land as
+  // zeros.
   __device__ static void IssueKvStage(const DecodeParams& p, const StepIds& ids, int kvh,
-                                      const Smem& sm, int s) {
+                                      const Smem& sm, int s, int r) {
     const CacheGeometry& g = p.geo;
-    uint8_t* stage = sm.stage(s);
+    uint8_t* raw = sm.raw(r);
     {  // K: 16-byte chunks of the thread's token.
       const int token = KToken();
       const PageSource src =
           SourceOf(p, ids.k, token, g.k_data_offset(), g.k_block_stride(), g.k_head_stride(), kvh);
       const int chunks = g.k_chunks();
       const int64_t chunk_stride = g.k_chunk_stride();
-      for (int c = threadIdx.x / kTokens; c < chunks; c += kThreads / kTokens) {
+      for (int c = CopierIndex() / kTokens; c < chunks; c += kCopiers / kTokens) {
         const uint8_t* from = src.base + c * chunk_stride + src.in_block * 16;
         uint8_t* to;
         if constexpr (kKCodes) {
-          to = stage + Layout::stage_k + (c * kTokens + token) * 16;
+          to = raw + Layout::raw_k + (c * kTokens + token) * 16;
         } else {
           to = reinterpret_cast<uint8_t*>(sm.k_tile(s) + KAt(token, c * 8));
         }
@@ -325,11 +342,11 @@ struct VarlenAttention {
       const PageSource src =
           SourceOf(p, ids.v, token, g.v_data_offset(), g.v_block_stride(), g.v_head_stride(), kvh);
       if constexpr (kVCodes) {
-        IssueCodeRows(g, src, token, stage + Layout::stage_v);
+        IssueCodeRows(g, src, token, raw + Layout::raw_v);
       } else {
         constexpr int kSpans = kTokens / 8;
         const int64_t channel_stride = g.v_channel_stride();
-        for (int d = threadIdx.x / kSpans; d < kD; d += kThreads / kSpans) {
+        for (int d = CopierIndex() / kSpans; d < kD; d += kCopiers / kSpans) {
           CpAsync<16>(sm.v_tile(s) + VAt(d, token),
                       src.base + d * channel_stride + src.in_block * 2, src.in);
         }
@@ -337,11 +354,11 @@ struct VarlenAttention {
     }
     if constexpr (kKCodes) {
       IssueScales(p, ids.k_scales, kvh, g.k_scale_offset(), g.k_scale_block_stride(),
-                  g.k_scale_head_stride(), g.k_scale_entry_bytes(), stage + Layout::stage_k_scales);
+                  g.k_scale_head_stride(), g.k_scale_entry_bytes(), raw + Layout::raw_k_scales);
     }
     if constexpr (kVCodes) {
       IssueScales(p, ids.v_scales, kvh, g.v_scale_offset(), g.v_scale_block_stride(),
-                  g.v_scale_head_stride(), g.v_scale_entry_bytes(), stage + Layout::stage_v_scales);
+                  g.v_scale_head_stride(), g.v_scale_entry_bytes(), raw + Layout::raw_v_scales);
     }
   }
 
@@ -355,7 +372,7 @@ struct VarlenAttention {
     const int tile_row = kTokens * bits / 8;
     const int offset = src.in_block * bits / 8;
     const int at = token * bits / 8;
-    for (int d = threadIdx.x / pieces; d < kD; d += kThreads / pieces) {
+    for (int d = CopierIndex() / pieces; d < kD; d += kCopiers / pieces) {
       uint8_t* to = dst + d * tile_row + at;
       const uint8_t* from = src.base + d * channel_stride + offset;
       if (piece == 16) {
@@ -375,64 +392,32 @@ struct VarlenAttention {
     if (!CopiesScales(entry)) return;
     const PageSource src =
         SourceOf(p, id, ScaleToken(entry), region, block_stride, head_stride, kvh);
-    CpAsync<16>(dst + threadIdx.x * 16, src.base + src.in_block * entry, src.in);
+    CpAsync<16>(dst + CopierIndex() * 16, src.base + src.in_block * entry, src.in);
   }
 
-  // The producer warp's copies of the step at `first` into stage `s`
-  // (kWarpgroupMma: 16-bit sides): lane l copies the K chunks of tokens l,
-  // l + 32, ... and the V channel rows of span l % (tokens / 8); one table
-  // read per token or span.
-  __device__ static void IssueStepByWarp(const DecodeParams& p, const AttendWorkItem& item, int kvh,
-                                         const Smem& sm, int s, int32_t first) {
-    const CacheGeometry& g = p.geo;
-    const int lane = threadIdx.x % 32;
-    const int bs = g.block_size;
-    const int chunks = g.k_chunks();
-    const int64_t chunk_stride = g.k_chunk_stride();
-#pragma unroll
-    for (int k = 0; k < kTokens / 32; ++k) {
-      const int token = lane + 32 * k;
-      const PageSource src =
-          SourceOf(p, BlockIdAt(p, item, (first + token) / bs), token, g.k_data_offset(),
-                   g.k_block_stride(), g.k_head_stride(), kvh);
-      for (int c = 0; c < chunks; ++c) {
-        CpAsync<16>(sm.k_tile(s) + KAt(token, c * 8),
-                    src.base + c * chunk_stride + src.in_block * 16, src.in);
-      }
-    }
-    constexpr int kSpans = kTokens / 8;
-    const int token = 8 * (lane % kSpans);
-    const PageSource src = SourceOf(p, BlockIdAt(p, item, (first + token) / bs), token,
-                                    g.v_data_offset(), g.v_block_stride(), g.v_head_stride(), kvh);
-    const int64_t channel_stride = g.v_channel_stride();
-    for (int d = lane / kSpans; d < kD; d += 32 / kSpans) {
-      CpAsync<16>(sm.v_tile(s) + VAt(d, token), src.base + d * channel_stride + src.in_block * 2,
-                  src.in);
-    }
-  }
-
-  // The producer warp: step t's pages into stage t % kStages once every
-  // computing thread has released the stage; a stage is published (full)
-  // when its copies have landed and are fenced to the async proxy the
-  // products read through. Copies of step t + 1 are in flight while step
-  // t's land.
+  // The producer warpgroup (kWarpgroupMma): step t's pages are copied into
+  // stage t % kStages once both computing warpgroups have released it, and
+  // the stage is published (full) a step later, when every producer
+  // thread's copies of it have landed and are fenced to the async proxy the
+  // products read through; the copies of step t + 1 are in flight
+  // meanwhile.
   __device__ static void ProduceSteps(const DecodeParams& p, const AttendWorkItem& item, int kvh,
                                       const Smem& sm, int steps) {
-    for (int t = 0; t < steps; ++t) {
-      const int s = t % kStages;
-      if (t >= kStages) MbarrierWait(sm.empty(s), (t / kStages - 1) & 1);
-      IssueStepByWarp(p, item, kvh, sm, s, item.kv_begin + t * kTokens);
-      CpAsyncCommit();
-      if (t > 0) {
-        CpAsyncWait<1>();
-        FenceProxyAsyncShared();
-        MbarrierArrive(sm.full((t - 1) % kStages));
+    constexpr int kProducerBarrier = 1;
+    StepIds ids = LoadStepIds(p, item, item.kv_begin);
+    for (int t = 0; t <= steps; ++t) {
+      if (t < steps) {  // issue step t
+        if (t >= kStages) MbarrierWait(sm.empty(t % kStages), (t / kStages - 1) & 1);
+        IssueKvStage(p, ids, kvh, sm, t % kStages, t % 2);
+        if (t + 1 < steps) ids = LoadStepIds(p, item, item.kv_begin + (t + 1) * kTokens);
       }
-    }
-    if (steps > 0) {
-      CpAsyncWait<0>();
+      CpAsyncCommit();
+      if (t == 0) continue;
+      const int done = t - 1;  // publish step t - 1
+      CpAsyncWait<1>();
       FenceProxyAsyncShared();
-      MbarrierArrive(sm.full((steps - 1) % kStages));
+      NamedBarrierSync(kProducerBarrier, kCopiers);
+      if (CopierIndex() == 0) MbarrierArrive(sm.full(done % kStages));
     }
   }
 
@@ -467,19 +452,19 @@ struct VarlenAttention {
     }
   }
 
-  // The staged codes of sides of codes as FP16 operand tiles, and every
-  // token's scale entry as floats (zeros past the context).
-  __device__ static void ConvertKvStage(const DecodeParams& p, const Smem& sm, int s) {
+  // Raw slot r's codes of sides of codes as the FP16 operand tiles of stage
+  // s, and every token's scale entry as floats (zeros past the context).
+  __device__ static void ConvertKvStage(const DecodeParams& p, const Smem& sm, int r, int s) {
     const CacheGeometry& g = p.geo;
-    const uint8_t* stage = sm.stage(s);
-    float* scales = sm.scales();
+    const uint8_t* raw = sm.raw(r);
+    float* scales = sm.scales(s);
     if constexpr (kKCodes) {
       const DType t = g.k_dtype;
       const bool eight = t == DType::kINT4;
       const int per_chunk = 128 / g.k_bits();
       // Words as [chunk][token][4]: word w is token (w / 4) % kTokens.
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + Layout::stage_k);
-      for (int w = threadIdx.x; w < g.k_chunks() * kTokens * 4; w += kThreads) {
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(raw + Layout::raw_k);
+      for (int w = CopierIndex(); w < g.k_chunks() * kTokens * 4; w += kCopiers) {
         const int chunk = w / (kTokens * 4), token = (w / 4) % kTokens;
         const int d = chunk * per_chunk + (w % 4) * (eight ? 8 : 4);
         if (d >= kD) continue;  // INT4's zero tail past the head size
@@ -487,17 +472,17 @@ struct VarlenAttention {
         CodesToHalves(t, words[w], h);
         StoreHalves(sm.k_tile(s) + KAt(token, d), h, eight);
       }
-      ConvertScales(t, stage + Layout::stage_k_scales, scales, scales + kTokens);
+      ConvertScales(t, raw + Layout::raw_k_scales, scales, scales + kTokens);
     }
     if constexpr (kVCodes) {
       const DType t = g.v_dtype;
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + Layout::stage_v);
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(raw + Layout::raw_v);
       if (t == DType::kINT4) {
         ConvertCodeRows<8>(t, words, sm.v_tile(s));
       } else {
         ConvertCodeRows<4>(t, words, sm.v_tile(s));
       }
-      ConvertScales(t, stage + Layout::stage_v_scales, scales + 2 * kTokens, scales + 3 * kTokens);
+      ConvertScales(t, raw + Layout::raw_v_scales, scales + 2 * kTokens, scales + 3 * kTokens);
     }
   }
 
@@ -506,7 +491,7 @@ struct VarlenAttention {
   template <int kPerWord>
   __device__ static void ConvertCodeRows(DType t, const uint32_t* words, uint16_t* tile) {
     constexpr int kRowWords = kTokens / kPerWord;
-    for (int w = threadIdx.x; w < kD * kRowWords; w += kThreads) {
+    for (int w = CopierIndex(); w < kD * kRowWords; w += kCopiers) {
       const int channel = w / kRowWords, token = (w % kRowWords) * kPerWord;
       uint32_t h[4];
       CodesToHalves(t, words[w], h);
@@ -515,7 +500,7 @@ struct VarlenAttention {
   }
 
   __device__ static void ConvertScales(DType t, const uint8_t* entries, float* scale, float* min) {
-    for (int j = threadIdx.x; j < kTokens; j += kThreads) {
+    for (int j = CopierIndex(); j < kTokens; j += kCopiers) {
       const TokenScale ts =
           t == DType::kINT4
               ? TokenScaleFromBits<DType::kINT4>(reinterpret_cast<const uint32_t*>(entries)[j])
@@ -611,10 +596,10 @@ struct VarlenAttention {
   // long context), keeps S raw and folds sm_scale * log2(e) into the
   // exponent's FMA; other steps apply every rule (LogitRules).
   __device__ static void SoftmaxStep(const DecodeParams& p, const AttendWorkItem& item, int kvh,
-                                     const Smem& sm, int32_t first, RowState& rs, Scores& acc,
-                                     Output& out) {
+                                     const Smem& sm, int s, int32_t first, RowState& rs,
+                                     Scores& acc, Output& out) {
     float rescale[kSlots];
-    Probabilities(p, item, kvh, sm, first, rs, acc, rescale);
+    Probabilities(p, item, kvh, sm, s, first, rs, acc, rescale);
     RescaleOutput(rescale, out);
   }
 
@@ -633,11 +618,11 @@ struct VarlenAttention {
   // SoftmaxStep but for O: P in place of S, the row state, and the factor
   // O must be rescaled by before P·V is added.
   __device__ static void Probabilities(const DecodeParams& p, const AttendWorkItem& item, int kvh,
-                                       const Smem& sm, int32_t first, RowState& rs, Scores& acc,
-                                       float (&rescale_out)[kSlots]) {
+                                       const Smem& sm, int s, int32_t first, RowState& rs,
+                                       Scores& acc, float (&rescale_out)[kSlots]) {
     const int lane = threadIdx.x % 32;
-    const float* scales = sm.scales();
-    if constexpr (kKCodes) ScaleKeyColumns(p, sm, acc);
+    const float* scales = sm.scales(s);
+    if constexpr (kKCodes) ScaleKeyColumns(p, sm, s, acc);
     const bool plain = p.logits_soft_cap == 0.0f && p.alibi_slopes == nullptr &&
                        first + kTokens - 1 <= rs.warp_min_pos && first >= rs.warp_max_lo;
     float scale;  // acc times this is the logit in log2 units
@@ -699,9 +684,10 @@ struct VarlenAttention {
 
   // K's per-token scales (and INT4's min times the row's q sum) on the
   // columns of S.
-  __device__ static void ScaleKeyColumns(const DecodeParams& p, const Smem& sm, Scores& acc) {
+  __device__ static void ScaleKeyColumns(const DecodeParams& p, const Smem& sm, int s,
+                                         Scores& acc) {
     const int lane = threadIdx.x % 32;
-    const float* scales = sm.scales();
+    const float* scales = sm.scales(s);
     const bool has_min = p.geo.k_dtype == DType::kINT4;
     float q_sum[kSlots];
 #pragma unroll
@@ -883,7 +869,7 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
 #pragma unroll
   for (int t = 0; t < kAttendStages - 1; ++t) {
     if (t < steps) {
-      A::IssueKvStage(p, ids, kvh, sm, t);
+      A::IssueKvStage(p, ids, kvh, sm, t, t);
       ids = A::LoadStepIds(p, item, item.kv_begin + (t + 1) * A::kTokens);
     }
     CpAsyncCommit();
@@ -906,7 +892,7 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
     const int32_t first = item.kv_begin + step * A::kTokens;
     const int ahead = step + kAttendStages - 1;
     if (ahead < steps) {
-      A::IssueKvStage(p, ids, kvh, sm, ahead % kAttendStages);
+      A::IssueKvStage(p, ids, kvh, sm, ahead % kAttendStages, ahead % kAttendStages);
       if (ahead + 1 < steps)
         ids = A::LoadStepIds(p, item, item.kv_begin + (ahead + 1) * A::kTokens);
     }
@@ -914,13 +900,13 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
     CpAsyncWait<kAttendStages - 1>();
     __syncthreads();
     if constexpr (A::kKCodes || A::kVCodes) {
-      A::ConvertKvStage(p, sm, s);
+      A::ConvertKvStage(p, sm, s, s);
       __syncthreads();
     }
     if (holds_rows) {
       typename A::Scores acc;
       A::ScoreStep(sm, s, acc);
-      A::SoftmaxStep(p, item, kvh, sm, first, rs, acc, out);
+      A::SoftmaxStep(p, item, kvh, sm, s, first, rs, acc, out);
       A::AccumulateStep(sm, s, acc, out);
     }
     __syncthreads();  // the next step's copies and conversion reuse these buffers
@@ -928,9 +914,9 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
   A::StoreTile(p, ws, item, kvh, rs, out);
 }
 
-// The warpgroup mainloop (sm_90a): warp 8 produces the stages, warpgroups
-// 0 and 1 consume them, each at its own pace (mbarriers, no block
-// barrier after the prologue).
+// The warpgroup mainloop (sm_90a): warpgroup 2 produces the stages,
+// warpgroups 0 and 1 consume them, each at its own pace (mbarriers, no
+// block barrier after the prologue).
 template <int kD, OperandKind kK, OperandKind kV>
 __global__ void __launch_bounds__(AttendTileFor(kD, AttendMainloop::kWarpgroupMma).threads +
                                       AttendTileFor(kD, AttendMainloop::kWarpgroupMma).producers,
@@ -945,7 +931,7 @@ __global__ void __launch_bounds__(AttendTileFor(kD, AttendMainloop::kWarpgroupMm
   const int steps = (item.kv_end - item.kv_begin + A::kTokens - 1) / A::kTokens;
   if (threadIdx.x == 0) {
     for (int s = 0; s < A::kStages; ++s) {
-      MbarrierInit(sm.full(s), 32);
+      MbarrierInit(sm.full(s), 1);
       MbarrierInit(sm.empty(s), A::kThreads);
     }
   }
@@ -980,7 +966,7 @@ __global__ void __launch_bounds__(AttendTileFor(kD, AttendMainloop::kWarpgroupMm
       A::IssueScoreProducts(sm, s, acc);
       WgmmaWait<0>();
       WgmmaPin(acc[0]);
-      A::SoftmaxStep(p, item, kvh, sm, item.kv_begin + step * A::kTokens, rs, acc, out);
+      A::SoftmaxStep(p, item, kvh, sm, s, item.kv_begin + step * A::kTokens, rs, acc, out);
       typename A::Probs probs;
       A::PackProbabilities(acc, probs);
       WgmmaFence();

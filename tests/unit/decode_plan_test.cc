@@ -382,11 +382,11 @@ TEST(AttendPlan, PinnedForTheH100) {
   cap.max_query_tokens = 8192;
   const AttendPlan p = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, DecodeTuning{});
   // sm_90a: the warpgroup mainloop, 64-token steps, two warpgroups and a
-  // producer warp.
+  // producer warpgroup.
   EXPECT_EQ(p.mainloop, static_cast<int32_t>(kernels::AttendMainloop::kWarpgroupMma));
   EXPECT_EQ(p.tile_rows, 128);
   EXPECT_EQ(p.tile_tokens, 64);
-  EXPECT_EQ(p.threads, 288);
+  EXPECT_EQ(p.threads, 384);
   // 8192 tokens x 4 heads of a group / 128 rows, plus one partial tile for
   // each of 256 sequences.
   EXPECT_EQ(p.max_tiles, 256 + 256);
@@ -417,6 +417,8 @@ TEST(AttendPlan, PinnedForTheH100) {
     EXPECT_EQ(PlanAttend(AttendGeometry(codes, kBF16, 128, 8), cap, kH100, {}).mainloop,
               static_cast<int32_t>(kernels::AttendMainloop::kWarpMma));
     EXPECT_EQ(PlanAttend(AttendGeometry(kFP16, codes, 64, 8), cap, kH100, {}).mainloop,
+              static_cast<int32_t>(kernels::AttendMainloop::kWarpMma));
+    EXPECT_EQ(PlanAttend(AttendGeometry(codes, codes, 256, 8), cap, kH100, {}).mainloop,
               static_cast<int32_t>(kernels::AttendMainloop::kWarpMma));
   }
   const AttendPlan a100 = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kA100, {});
