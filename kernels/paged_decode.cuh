@@ -24,8 +24,8 @@
 //      broadcast, each value feeding both tokens); the K scale is applied
 //      once per token (INT4: + min * sum(q)). No cross-lane reduction is
 //      needed. Soft-cap, ALiBi and the masks (causal per query token,
-//      sliding window, sequence end) as in CpuBackend::Decode; logits ->
-//      shared memory [rt][P].
+//      sliding window, sequence end) as in CpuBackend::Decode, through the
+//      rules of logit_variants.cuh; logits -> shared memory [rt][P].
 //   3. Softmax, one warp per row: max, p = exp(l - max), sum(p); p is
 //      stored times the token's V scale, and sum_t p_t * vmin_t (INT4 V) is
 //      kept per row, so V needs no per-element scale.
@@ -65,6 +65,7 @@
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/decode_traits.h"
+#include "kernels/logit_variants.cuh"
 #include "kernels/partition_common.cuh"
 #include "src/geometry.h"
 #include "src/params.h"
@@ -199,9 +200,9 @@ __device__ __forceinline__ void LogitsPhase(const DecodeParams& p, const Partiti
         if (r < rt) {
           float l = acc[r][k] * ks[k].scale;
           if constexpr (KT == DType::kINT4) l = fmaf(ks[k].min, qsum_s[r], l);
-          if (cap > 0.0f) l = cap * tanhf(l);  // q carries sm_scale / cap
+          l = SoftCap(l, cap);  // q carries sm_scale / cap
           const int pos = pos_s[r];
-          if (alibi) l = fmaf(slope_s[r], static_cast<float>(t - pos), l);
+          l = AddAlibi(l, alibi, slope_s[r], t, pos);
           const bool visible = t >= lo_s[r] && t <= pos;
           logits_s[r * st.P + slot[k]] = visible ? l : -INFINITY;
         }
@@ -477,9 +478,8 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
                    g.v_scale_block_stride(), g.v_scale_entry_bytes(), st, bs, blk_s,
                    smem + st.lay.vscale, smem + st.lay.vmin);
 
-  // With a soft-cap the scaled logit is divided by cap before tanh: fold
-  // both into q. ALiBi is added after the cap (CpuBackend::Decode).
-  const float q_scale = p.logits_soft_cap > 0.0f ? p.sm_scale / p.logits_soft_cap : p.sm_scale;
+  // The logit scale (and 1 / soft-cap) folded into q (logit_variants.cuh).
+  const float q_scale = LogitQScale(p);
   const int kd = st.lay.kd;
   const VMapping vm = MakeVMapping(g);
 
@@ -509,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, kRows == 1 ? kMinBlocksPerSmOneRow :
       const int gi = row / qlen;
       const int i = row - gi * qlen;
       const int pos = st.len - qlen + i;
-      const int lo = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+      const int lo = WindowStart(p, pos);
       reinterpret_cast<int*>(smem + st.lay.row_pos)[tid] = pos;
       reinterpret_cast<int*>(smem + st.lay.row_lo)[tid] = lo;
       smem[st.lay.row_slope + tid] =

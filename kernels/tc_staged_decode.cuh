@@ -2,7 +2,7 @@
 // The staged tensor-core partition kernel of the decode (sm_90+): 16-bit K
 // and V at block size 16, up to 8 query rows per KV head. Same grid, same
 // split-K partials, same reduce kernel and graph-stable launch as
-// TcPartitionKernel (tc_decode.cuh), whose register path it replaces where
+// TcRegisterKernel (tc_register_decode.cuh), which it replaces where
 // it runs (DecodePlan::staged): that path holds a step's codes in each
 // warp's registers, which caps the bytes an SM keeps in flight, and BF16
 // stayed at 91-92% of the copy bandwidth at 128 sequences. Here one
@@ -23,9 +23,9 @@
 // Registers stay few (O^T is D/4 channels x 8 rows a warp), so a thread
 // block of 160 threads and 3 stages of 32 KB (D = 128) runs 2 to an SM:
 // 6 stages an SM, those not being computed on in flight. Masks, ALiBi,
-// soft-cap, sliding window and multi-token queries follow
-// TcPartitionKernel's rules; stages that every row sees whole skip them
-// (the `fast` steps).
+// soft-cap, sliding window and multi-token queries follow the register
+// path's rules (logit_variants.cuh); stages that every row sees whole skip
+// them (UnmaskedLogits).
 #ifndef KVPAGE_KERNELS_TC_STAGED_DECODE_CUH_
 #define KVPAGE_KERNELS_TC_STAGED_DECODE_CUH_
 
@@ -34,12 +34,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/partition_common.cuh"
-#include "kernels/tc_decode.cuh"
+#include "kernels/tc_partition_common.cuh"
 
 namespace kvpage {
 namespace kernels {
@@ -59,8 +58,6 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
   constexpr int kStageBytes = StagedStageBytes(D);
   constexpr int kConsumerThreads = 32 * kStagedConsumerWarps;
   constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps
-  constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kLn2 = 0.6931471805599453f;
   static_assert(kWarpChannels % 16 == 0, "a consumer warp's channels fill whole m16 tiles");
   __shared__ uint64_t full[kStagedStages], empty[kStagedStages];
   __shared__ float row_red[kStagedConsumerWarps][kStagedMaxRows];
@@ -117,7 +114,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
   const int grp = lane / 4;
   const int tig = lane % 4;
   const int qlen = p.query_len;
-  const TcLogitRules rules = MakeTcLogitRules(p, st);
+  const LogitRules rules = MakeLogitRules(p, st, qlen);
 
   // The pass's q rows (times lambda) -> q_s, 8 channels a thread: one round
   // trip for all of them (element loads with a dtype switch each went one
@@ -185,12 +182,12 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
 
   // The rows of this lane's accumulators: 2 tig + e.
   float rfac[2];
-  TcRowMask rmask[2];
+  RowMask rmask[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int row = 2 * tig + e;
     rfac[e] = __shfl_sync(kFullMask, own_fac, 4 * row);  // the lane that loaded that row's q
-    rmask[e] = MakeTcRowMask(p, st, rules.alibi, row);
+    rmask[e] = MakeRowMask(p, st, rules, qlen, 2 * tig, e);
   }
 
   float o[kMTiles][4];
@@ -205,11 +202,10 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
   const uint32_t k_lane_off = (lane >> 4) * (kBS * 16) + ((lane >> 3) & 1) * 128 + (lane & 7) * 16;
   const uint32_t v_lane_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * (kBS * 2) + (lane >> 4) * 16;
 
-  // One stage from partition token s0. kFast: every token is before the
-  // sequence end and seen by every row, no ALiBi or soft-cap, positive
-  // logit scale.
-  auto stage = [&](const int s0, const uint32_t kbase, auto fast) {
-    constexpr bool kFast = decltype(fast)::value;
+  // One stage from partition token s0, compiled for the logit variant V
+  // (logit_variants.cuh).
+  auto stage = [&](const int s0, const uint32_t kbase, auto variant) {
+    using V = decltype(variant);
     const uint32_t vbase = kbase + kStagedStageBlocks * kPieceBytes;
     // ---- S^T of block w: rows grp, grp + 8 are its tokens.
     float sp[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -238,7 +234,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
     for (int c = 0; c < 4; ++c) {
       const int e = c & 1;
       float v = sp[0][c] + sp[1][c];
-      if constexpr (!kFast) {
+      if constexpr (V::kMasked) {
         const int tt = s0 + kBS * w + grp + 8 * (c >> 1);
         v = MaskedLogit(v * rfac[e], rules, rmask[e], st.start + tt, tt < st.n_valid);
       }
@@ -250,8 +246,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
       mx[e] = fmaxf(mx[e], __shfl_xor_sync(kFullMask, mx[e], 4));
       mx[e] = fmaxf(mx[e], __shfl_xor_sync(kFullMask, mx[e], 8));
       mx[e] = fmaxf(mx[e], __shfl_xor_sync(kFullMask, mx[e], 16));
-      // A fast stage keeps y unscaled: rfac (> 0 there) rides on the maximum.
-      if constexpr (kFast) mx[e] *= rfac[e];
+      mx[e] = V::RowMax(mx[e], rfac[e]);
       if (grp == 0) row_red[w][2 * tig + e] = mx[e];
     }
     NamedBarrierSync(kConsumerBarrier, kConsumerThreads);
@@ -270,9 +265,7 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int e = c & 1;
-      // A masked logit is -inf; so may the maximum be (nothing seen yet).
-      pr[c] = kFast ? Exp2(fmaf(y[c], rfac[e], -mnew[e]))
-                    : (y[c] == -INFINITY ? 0.0f : Exp2(y[c] - mnew[e]));
+      pr[c] = V::Prob(y[c], rfac[e], mnew[e]);
     }
     lrun[0] = fmaf(lrun[0], alpha[0], pr[0] + pr[2]);
     lrun[1] = fmaf(lrun[1], alpha[1], pr[1] + pr[3]);
@@ -296,14 +289,14 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
       const int b0 = s0 + kBS * j;  // the block's first token
       // A block past the sequence end was not copied: its P is zero and
       // its shared memory holds another stage's bytes.
-      if (!kFast && b0 >= st.n_valid) continue;
+      if (V::kMasked && b0 >= st.n_valid) continue;
       const uint4 pb = p_frag[j][lane];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         uint32_t a[4];
         LoadMatrixX4(
             a, vbase + j * kPieceBytes + (w * kWarpChannels + 16 * mt) * (kBS * 2) + v_lane_off);
-        if constexpr (!kFast) {
+        if constexpr (V::kMasked) {
           // Codes past the sequence end are stale bytes, possibly NaN
           // patterns, and 0 * NaN must not reach the accumulators.
           const int t = b0 + 2 * tig;
@@ -326,13 +319,10 @@ __global__ void __launch_bounds__(kStagedThreads, kStagedBlocksPerSm)
     MbarrierWait(&full[s], (k / kStagedStages) & 1);
     const int s0 = k * kStagedStageTokens;
     const uint32_t kbase = SharedAddress(stages + s * kStageBytes);
-    const bool fast = rules.plain && rules.q_scale > 0.0f &&
-                      s0 + kStagedStageTokens <= st.n_valid && s0 >= rules.vis_lo &&
-                      s0 + kStagedStageTokens - 1 <= rules.vis_hi;
-    if (fast) {
-      stage(s0, kbase, std::true_type{});
+    if (rules.Unmasked(s0, kStagedStageTokens, st.n_valid)) {
+      stage(s0, kbase, UnmaskedLogits{});
     } else {
-      stage(s0, kbase, std::false_type{});
+      stage(s0, kbase, MaskedLogits{});
     }
     __syncwarp();
     if (lane == 0) MbarrierArrive(&empty[s]);  // the warp's reads of the stage are done
