@@ -30,23 +30,13 @@
 
 #include <cmath>
 
+#include "kernels/common/log2_units.cuh"
 #include "kernels/partition_common.cuh"
 #include "src/params.h"
 
 namespace kvpage {
 namespace kernels {
 namespace decode {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// 2^x (MUFU.EX2; -inf gives 0). The tensor-core kernels' softmax runs in
-// log2 units.
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // ---- The rules in natural-log units --------------------------------------------------------
 

@@ -33,6 +33,7 @@
 #include "kernels/common/checked.cuh"
 #include "kernels/common/dequant.cuh"
 #include "kernels/common/grid_dependency.cuh"
+#include "kernels/common/log2_units.cuh"
 #include "kernels/common/mma.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -41,9 +42,6 @@
 namespace kvpage {
 namespace kernels {
 namespace attend {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kD, OperandKind kK, OperandKind kV, AttendMainloop kLoop>
 struct VarlenAttention {
@@ -580,13 +578,6 @@ struct VarlenAttention {
       WgmmaM64K16<kD, kVBf16>(out[0], a[kk], WgmmaDescriptor(v_base + 2 * VAt(0, 16 * kk)), true);
     }
     WgmmaCommit();
-  }
-
-  // 2^x (ex2.approx: 2 ulp; -inf gives +0), the softmax's exponential.
-  __device__ static float Exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
   }
 
   // The logit rules on S, then the online softmax: P in place of S (times
