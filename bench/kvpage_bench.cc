@@ -18,8 +18,13 @@
 // ways, each reported in TFLOP/s (4 * Hq * D * keys visible to the query
 // tokens, causal) and as a fraction of the H100's dense BF16 peak.
 //
-// usage: kvpage-bench [--quick] [--precise] [--attend | --all] [--csv FILE] [--hashes FILE]
-// [--dtypes bf16,fp8,int8,int4] [--shapes SUBSTR,...]
+// --pack (only these; --all runs them too): kvp_cache_pack and
+// kvp_cache_unpack of a 32k-token sequence of a 32-layer GQA 32/8 head-128
+// model, every layer in one call and layer by layer, in GB/s of bytes read
+// and written against the copy bandwidth (RunPackCase).
+//
+// usage: kvpage-bench [--quick] [--precise] [--attend | --pack | --all] [--csv FILE]
+// [--hashes FILE] [--dtypes bf16,fp8,int8,int4] [--shapes SUBSTR,...]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -817,12 +822,145 @@ std::vector<AttendResult> RunAttendCases(bool quick, const std::vector<std::stri
   return results;
 }
 
+// ---- Moving blocks: kvp_cache_pack / kvp_cache_unpack ----------------------------------------
+
+// kvp_cache_pack and kvp_cache_unpack through the function table, so that
+// the bench still runs its other cases against a library older than ABI 1.4.
+const kvp_api* PackApi() {
+  const kvp_api* api = kvp_get_api(KVP_ABI_MAJOR);
+  if (api == nullptr || api->abi_minor < 4 || api->struct_size < KVP_API_STRUCT_SIZE_1_4) {
+    return nullptr;
+  }
+  return api;
+}
+
+struct PackResult {
+  std::string dtype;
+  int64_t bytes = 0;            // the sequence's packed bytes, every layer
+  double us[4] = {0, 0, 0, 0};  // pack all, unpack all, pack by layer, unpack by layer
+};
+
+// A 32k-token sequence of a 32-layer GQA 32/8 head-128 model (2048 blocks
+// of 16 tokens, at shuffled places in a pool of 4096) packed and unpacked:
+// every layer in one call, and layer by layer (32 calls, as an engine
+// streams a prefill), each timed as a replayed CUDA graph. GB/s counts the
+// bytes read and written, as the copy bandwidth does.
+PackResult RunPackCase(const kvp_api* api, const std::string& dtype_name, int num_layers,
+                       int samples) {
+  constexpr int kTokens = 32768, kBlockSize = 16, kPool = 4096;
+  constexpr int kBlocks = kTokens / kBlockSize;
+  kvp_cache_config cfg;
+  api->cache_config_init(&cfg);
+  cfg.device_kind = KVP_DEVICE_CUDA;
+  cfg.num_layers = num_layers;
+  cfg.num_blocks = kPool;
+  cfg.block_size = kBlockSize;
+  cfg.num_kv_heads = 8;
+  cfg.head_size = 128;
+  cfg.k_dtype = cfg.v_dtype = ParseDtype(dtype_name);
+  kvp_cache* cache = nullptr;
+  Check(api->cache_create(&cfg, &cache), "cache create");
+  std::vector<int32_t> perm(kPool);
+  for (int i = 0; i < kPool; ++i) perm[i] = i;
+  std::mt19937 rng(7);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  // Packed from the first half of the pool, unpacked into the other.
+  int32_t* ids = nullptr;
+  CheckCuda(cudaMalloc(&ids, sizeof(int32_t) * kPool), "malloc");
+  CheckCuda(cudaMemcpy(ids, perm.data(), sizeof(int32_t) * kPool, cudaMemcpyHostToDevice), "copy");
+  uint64_t all = 0, layer = 0;
+  Check(api->cache_pack_size(cache, kBlocks, 0, &all), "pack size");
+  Check(api->cache_pack_size(cache, kBlocks, 1, &layer), "pack size");
+  void* buffer = nullptr;
+  CheckCuda(cudaMalloc(&buffer, all), "malloc");
+  cudaStream_t stream;
+  CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  auto args = [&](int32_t* block_ids, int first, int count, uint8_t* at, uint64_t bytes) {
+    kvp_pack_args a;
+    api->pack_args_init(&a);
+    a.block_ids = block_ids;
+    a.num_blocks = kBlocks;
+    a.first_layer = first;
+    a.num_layers = count;
+    a.buffer = at;
+    a.buffer_bytes = bytes;
+    return a;
+  };
+  uint8_t* const buf = static_cast<uint8_t*>(buffer);
+  PackResult r;
+  r.dtype = dtype_name;
+  r.bytes = static_cast<int64_t>(all);
+  r.us[0] = 1e3 * GraphMedianMs(stream, 1, samples, [&](int) {
+              const kvp_pack_args a = args(ids, 0, 0, buf, all);
+              Check(api->cache_pack(cache, &a, stream), "pack");
+            });
+  r.us[1] = 1e3 * GraphMedianMs(stream, 1, samples, [&](int) {
+              const kvp_pack_args a = args(ids + kBlocks, 0, 0, buf, all);
+              Check(api->cache_unpack(cache, &a, stream), "unpack");
+            });
+  // Layer by layer: a call per layer, times num_layers = the whole sequence.
+  r.us[2] = 1e3 * num_layers * GraphMedianMs(stream, num_layers, samples, [&](int i) {
+              const int l = i % num_layers;
+              const kvp_pack_args a = args(ids, l, 1, buf + l * layer, layer);
+              Check(api->cache_pack(cache, &a, stream), "pack");
+            });
+  r.us[3] = 1e3 * num_layers * GraphMedianMs(stream, num_layers, samples, [&](int i) {
+              const int l = i % num_layers;
+              const kvp_pack_args a = args(ids + kBlocks, l, 1, buf + l * layer, layer);
+              Check(api->cache_unpack(cache, &a, stream), "unpack");
+            });
+  CheckCuda(cudaStreamDestroy(stream), "stream");
+  CheckCuda(cudaFree(buffer), "free");
+  CheckCuda(cudaFree(ids), "free");
+  api->cache_destroy(cache);
+  return r;
+}
+
+// --pack: every dtype's pack and unpack against the copy bandwidth.
+std::vector<PackResult> RunPackCases(bool quick, const std::vector<std::string>& dtypes,
+                                     double copy_gbs) {
+  std::vector<PackResult> results;
+  const kvp_api* api = PackApi();
+  if (api == nullptr) {
+    uint32_t major = 0, minor = 0;
+    kvp_abi_version(&major, &minor);
+    std::printf("\npack cases skipped: libkvpage has ABI %u.%u, kvp_cache_pack needs 1.4\n", major,
+                minor);
+    return results;
+  }
+  const int layers = quick ? 8 : 32;
+  std::printf(
+      "\nkvp_cache_pack / kvp_cache_unpack of a 32768-token sequence (2048 blocks of 16 tokens, "
+      "shuffled in a pool of 4096), %d layers, GQA 32/8 D=128; GB/s = 2 x bytes / time (read + "
+      "write, as the copy bandwidth); graph times; by layer = %d calls of one layer\n",
+      layers, layers);
+  std::printf(
+      "\n| KV | bytes | pack all (us) | GB/s | of copy BW | unpack all (us) | GB/s | of copy BW | "
+      "pack by layer (us) | of copy BW | unpack by layer (us) | of copy BW |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const std::string& d : dtypes) {
+    const PackResult r = RunPackCase(api, d, layers, quick ? 5 : 15);
+    double gbs[4];
+    for (int i = 0; i < 4; ++i) gbs[i] = 2.0 * r.bytes / (r.us[i] * 1e-6) / 1e9;
+    std::printf(
+        "| %s | %lld | %.1f | %.0f | %.1f%% | %.1f | %.0f | %.1f%% | %.1f | %.1f%% | %.1f | "
+        "%.1f%% |\n",
+        d.c_str(), static_cast<long long>(r.bytes), r.us[0], gbs[0], 100 * gbs[0] / copy_gbs,
+        r.us[1], gbs[1], 100 * gbs[1] / copy_gbs, r.us[2], 100 * gbs[2] / copy_gbs, r.us[3],
+        100 * gbs[3] / copy_gbs);
+    std::fflush(stdout);
+    results.push_back(r);
+  }
+  return results;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, attend_only = false, all = false;
+  bool quick = false, attend_only = false, pack_only = false, all = false;
   std::string csv, hashes;
   std::vector<std::string> dtypes = {"bf16", "fp8", "int8", "int4"};
+  bool dtypes_given = false;
   std::vector<std::string> only;  // substrings of shape names (for profiling)
   auto split = [](const std::string& s) {
     std::vector<std::string> parts;
@@ -841,6 +979,8 @@ int main(int argc, char** argv) {
       PreciseDecode() = true;
     } else if (!std::strcmp(argv[i], "--attend")) {
       attend_only = true;
+    } else if (!std::strcmp(argv[i], "--pack")) {
+      pack_only = true;
     } else if (!std::strcmp(argv[i], "--all")) {
       all = true;
     } else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) {
@@ -849,22 +989,24 @@ int main(int argc, char** argv) {
       hashes = argv[++i];
     } else if (!std::strcmp(argv[i], "--dtypes") && i + 1 < argc) {
       dtypes = split(argv[++i]);
+      dtypes_given = true;
     } else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) {
       only = split(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--precise] [--attend | --all] [--csv FILE] [--hashes "
-                   "FILE] [--dtypes bf16,fp8,int8,int4] "
+                   "usage: %s [--quick] [--precise] [--attend | --pack | --all] [--csv FILE] "
+                   "[--hashes FILE] [--dtypes bf16,fp8,int8,int4] "
                    "[--shapes SUBSTR,...  (e.g. MHA,ragged,'B=512',prefill)]\n"
-                   "  --attend: only the kvp_attend (query chunk) cases; --all: decode cases, "
-                   "then those\n",
+                   "  --attend: only the kvp_attend (query chunk) cases; --pack: only the "
+                   "kvp_cache_pack / unpack cases; --all: decode cases, then both\n",
                    argv[0]);
       return 2;
     }
   }
   // Default: the decode cases alone (their output as scripts/perf_page.py reads it).
-  const bool run_decode = !attend_only || all;
+  const bool run_decode = (!attend_only && !pack_only) || all;
   const bool run_attend = attend_only || all;
+  const bool run_pack = pack_only || all;
   int32_t gpus = 0;
   Check(kvp_device_count(KVP_DEVICE_CUDA, &gpus), "device count");
   if (gpus == 0) {
@@ -937,6 +1079,11 @@ int main(int argc, char** argv) {
   std::vector<AttendResult> attend_results;
   if (run_attend) {
     attend_results = RunAttendCases(quick, only, dtypes, size_t(prop.l2CacheSize));
+  }
+  if (run_pack) {
+    // FP8 blocks are INT8's size: by default BF16, INT8 and INT4.
+    RunPackCases(quick, dtypes_given ? dtypes : std::vector<std::string>{"bf16", "int8", "int4"},
+                 copy_gbs);
   }
   if (!csv.empty() && run_decode) {
     FILE* f = std::fopen(csv.c_str(), "w");

@@ -11,6 +11,7 @@
 
 #include "include/kvpage/kvpage.h"
 #include "src/backend.h"
+#include "src/format_signature.h"
 #include "src/geometry.h"
 #include "src/status.h"
 
@@ -46,6 +47,9 @@ static_assert(static_cast<int32_t>(DeviceKind::kCuda) == KVP_DEVICE_CUDA);
 static_assert(std::is_same_v<decltype(kvp_allocator::alloc), decltype(Allocator::alloc)>);
 static_assert(std::is_same_v<decltype(kvp_allocator::free), decltype(Allocator::free)>);
 static_assert(std::is_same_v<decltype(kvp_allocator::user_data), decltype(Allocator::user_data)>);
+
+// The format signature's size is the core's.
+static_assert(KVP_FORMAT_SIGNATURE_BYTES == kFormatSignatureBytes);
 
 }  // namespace capi
 }  // namespace kvpage

@@ -239,6 +239,12 @@ void kvp_attend_args_init(kvp_attend_args* a) {
   a->struct_size = sizeof(*a);
 }
 
+void kvp_pack_args_init(kvp_pack_args* a) {
+  if (a == nullptr) return;
+  std::memset(a, 0, sizeof(*a));
+  a->struct_size = sizeof(*a);
+}
+
 }  // extern "C"
 
 // ---- Cache -------------------------------------------------------------------
@@ -709,6 +715,89 @@ kvp_error* kvp_attend(kvp_decoder* decoder, const kvp_attend_args* args, void* s
   KVP_API_END
 }
 
+// ---- Pack and unpack ----------------------------------------------------------------------
+
+}  // extern "C"
+
+namespace {
+
+kvp_error* ToPackRequest(const kvp_pack_args* args, kvpage::PackRequest* r) {
+  kvp_pack_args a;
+  if (kvp_error* e = ReadIn(args, "args", kvp_pack_args_init, &a)) return e;
+  if (a.reserved0 != 0) {
+    return InvalidArg(kvpage::StrFormat("args->reserved0 = %d, must be 0", a.reserved0));
+  }
+  r->block_ids = a.block_ids;
+  r->num_blocks = a.num_blocks;
+  r->first_layer = a.first_layer;
+  r->num_layers = a.num_layers;
+  r->buffer = a.buffer;
+  r->buffer_bytes = a.buffer_bytes;
+  r->signature = a.signature;
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+kvp_error* kvp_cache_pack_size(const kvp_cache* cache, int32_t num_blocks, int32_t num_layers,
+                               uint64_t* bytes) {
+  KVP_API_BEGIN
+  KVP_CHECK_NOT_NULL(cache);
+  KVP_CHECK_NOT_NULL(bytes);
+  auto need = cache->impl->PackBytes(num_blocks, num_layers);
+  if (!need.ok()) return ToError(need.status());
+  *bytes = *need;
+  return nullptr;
+  KVP_API_END
+}
+
+kvp_error* kvp_cache_pack(const kvp_cache* cache, const kvp_pack_args* args, void* stream) {
+  KVP_API_BEGIN
+  KVP_CHECK_NOT_NULL(cache);
+  KVP_CHECK_NOT_NULL(args);
+  kvpage::PackRequest r;
+  if (kvp_error* e = ToPackRequest(args, &r)) return e;
+  return ToError(cache->impl->Pack(r, stream));
+  KVP_API_END
+}
+
+kvp_error* kvp_cache_unpack(kvp_cache* cache, const kvp_pack_args* args, void* stream) {
+  KVP_API_BEGIN
+  KVP_CHECK_NOT_NULL(cache);
+  KVP_CHECK_NOT_NULL(args);
+  kvpage::PackRequest r;
+  if (kvp_error* e = ToPackRequest(args, &r)) return e;
+  return ToError(cache->impl->Unpack(r, stream));
+  KVP_API_END
+}
+
+kvp_error* kvp_cache_format_signature(const kvp_cache* cache, void* signature,
+                                      size_t signature_bytes) {
+  KVP_API_BEGIN
+  KVP_CHECK_NOT_NULL(cache);
+  KVP_CHECK_NOT_NULL(signature);
+  const kvpage::FormatSignature& mine = cache->impl->signature();
+  if (signature_bytes < mine.size()) {
+    return InvalidArg(
+        kvpage::StrFormat("signature_bytes = %d, must be at least %d (KVP_FORMAT_SIGNATURE_BYTES)",
+                          signature_bytes, mine.size()));
+  }
+  std::memcpy(signature, mine.data(), mine.size());
+  return nullptr;
+  KVP_API_END
+}
+
+kvp_error* kvp_cache_check_signature(const kvp_cache* cache, const void* signature,
+                                     size_t signature_bytes) {
+  KVP_API_BEGIN
+  KVP_CHECK_NOT_NULL(cache);
+  KVP_CHECK_NOT_NULL(signature);
+  return ToError(cache->impl->CheckSignature("signature", signature, signature_bytes));
+  KVP_API_END
+}
+
 // ---- Function table ------------------------------------------------------------------------
 
 const kvp_api* kvp_get_api(uint32_t abi_major) {
@@ -755,6 +844,12 @@ const kvp_api* kvp_get_api(uint32_t abi_major) {
       kvp_decode,
       kvp_attend_args_init,
       kvp_attend,
+      kvp_pack_args_init,
+      kvp_cache_pack_size,
+      kvp_cache_pack,
+      kvp_cache_unpack,
+      kvp_cache_format_signature,
+      kvp_cache_check_signature,
   };
   return abi_major == KVP_ABI_MAJOR ? &table : nullptr;
 }

@@ -59,6 +59,10 @@ constexpr size_t FirstReleasedSize<kvp_attend_args>() {
   return KVP_ATTEND_ARGS_STRUCT_SIZE_1_3;
 }
 template <>
+constexpr size_t FirstReleasedSize<kvp_pack_args>() {
+  return KVP_PACK_ARGS_STRUCT_SIZE_1_4;
+}
+template <>
 constexpr size_t FirstReleasedSize<kvp_api>() {
   return KVP_API_STRUCT_SIZE_1_0;
 }
@@ -81,6 +85,8 @@ static_assert(KVP_DECODE_ARGS_STRUCT_SIZE_1_0 == 112);
 static_assert(KVP_ATTEND_ARGS_STRUCT_SIZE_1_3 == 120);
 static_assert(KVP_API_STRUCT_SIZE_1_0 == 312);
 static_assert(KVP_API_STRUCT_SIZE_1_3 == 328);
+static_assert(KVP_PACK_ARGS_STRUCT_SIZE_1_4 == 56);
+static_assert(KVP_API_STRUCT_SIZE_1_4 == 376);
 
 // Today's structs end at their latest version's last field (plus the
 // alignment padding sizeof adds): nothing sits past the newest mark.
@@ -97,7 +103,8 @@ static_assert(EndsAt<kvp_write_stats>(KVP_WRITE_STATS_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_decode_config>(KVP_DECODE_CONFIG_STRUCT_SIZE_1_3));
 static_assert(EndsAt<kvp_decode_args>(KVP_DECODE_ARGS_STRUCT_SIZE_1_0));
 static_assert(EndsAt<kvp_attend_args>(KVP_ATTEND_ARGS_STRUCT_SIZE_1_3));
-static_assert(EndsAt<kvp_api>(KVP_API_STRUCT_SIZE_1_3));
+static_assert(EndsAt<kvp_pack_args>(KVP_PACK_ARGS_STRUCT_SIZE_1_4));
+static_assert(EndsAt<kvp_api>(KVP_API_STRUCT_SIZE_1_4));
 
 // Offsets callers compiled against ABI 1.0 rely on.
 static_assert(offsetof(kvp_cache_config, allocator) == 56);
@@ -110,6 +117,8 @@ static_assert(offsetof(kvp_decode_config, max_query_tokens) == 52);
 static_assert(offsetof(kvp_decode_args, lse) == 104);
 static_assert(offsetof(kvp_attend_args, query_starts) == 32);
 static_assert(offsetof(kvp_attend_args, lse) == 112);
+static_assert(offsetof(kvp_pack_args, buffer) == 32);
+static_assert(offsetof(kvp_pack_args, signature) == 48);
 
 // The function table is append-only: these offsets are the ABI (with
 // KVP_API_STRUCT_SIZE_1_0 above, which pins the last ABI 1.0 entry).
@@ -122,6 +131,8 @@ static_assert(offsetof(kvp_api, cache_copy_blocks) == 248);
 static_assert(offsetof(kvp_api, decoder_create) == 280);
 static_assert(offsetof(kvp_api, decode) == 304);
 static_assert(offsetof(kvp_api, attend) == 320);
+static_assert(offsetof(kvp_api, cache_pack) == 344);
+static_assert(offsetof(kvp_api, cache_check_signature) == 368);
 
 // Copies the caller's struct over `out` (already holding defaults): the
 // bytes both sides know, i.e. min(user->struct_size, sizeof(T)).

@@ -1,110 +1,184 @@
 // SPDX-License-Identifier: Apache-2.0
-// Block copy (copy-on-write, kvp_cache_copy_blocks): pairs[2i] -> pairs[2i+1]
-// in every layer,
-// for each of the layer's block regions (K data, V data, K scales, V
+// Block moves (BlockMoveParams, src/params.h): copies within a cache
+// (copy-on-write, kvp_cache_copy_blocks), packs into a contiguous buffer
+// (kvp_cache_pack) and unpacks from one (kvp_cache_unpack), every layer of
+// the range and every region of a block (K data, V data, K scales, V
 // scales; CacheGeometry::block_region), in one launch.
 //
-// Grid: x = (pair, layer), y = slices of the bytes of one block. Every
-// region's block stride is a multiple of 16 bytes for the supported
-// geometries (K chunks are 16 B; V is head_size * block_size * bits / 8 with
-// head_size a multiple of 16; scales are block_size (>= 8) * 2 or 4 B per
-// head) and region offsets are 256-byte aligned, so the copy runs on 16-byte
-// vectors; a region that is not 16-byte aligned falls back to bytes.
+// Grid: x = (layer, item), y = slices of a block's bytes. The block's
+// regions are taken as one sequence of 16-byte vectors (K data, then V
+// data, K scales, V scales) split evenly over a slice's threads, so that
+// the small scale regions leave no thread idle; each thread loads its
+// vectors of a step before it stores them. Every region's block stride is
+// a multiple of 16 bytes for the supported geometries (K chunks are 16 B;
+// V is head_size * block_size * bits / 8 with head_size a multiple of 16;
+// scales are block_size (>= 8) * 2 or 4 B per head), region offsets are
+// 256-byte aligned and packed buffers 16-byte aligned; the launcher
+// refuses anything else rather than moving bytes one at a time.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "kernels/common/checked.cuh"
 #include "kernels/launch.h"
 #include "src/geometry.h"
+#include "src/params.h"
 
 namespace kvpage {
 namespace kernels {
 namespace {
 
 constexpr int kThreads = 256;
-// Each thread copies about this many 16-byte vectors per region and slice.
+// Vectors a thread loads before storing them; the slices give each thread
+// about this many of a block.
 constexpr int kVectorsPerThread = 4;
 constexpr int kMaxSlices = 64;
 // Pairs passed by value per launch when they come from the host.
 constexpr int kInlinePairs = 32;
+constexpr int kRegions = CacheGeometry::kNumBlockRegions;
 
 struct InlinePairs {
   int32_t v[2 * kInlinePairs];
 };
 
+// One block's regions as one sequence of 16-byte vectors: vector v lies in
+// region r where end[r - 1] <= v < end[r] (absent regions are empty).
+struct BlockVectors {
+  const uint4* from[kRegions];
+  uint4* to[kRegions];
+  int64_t end[kRegions];
+
+  __device__ __forceinline__ void Locate(int64_t v, const uint4** f, uint4** t) const {
+    int64_t begin = 0;
+#pragma unroll
+    for (int r = 0; r < kRegions; ++r) {
+      if (v >= begin && v < end[r]) {
+        *f = from[r] + (v - begin);
+        *t = to[r] + (v - begin);
+      }
+      begin = end[r];
+    }
+  }
+};
+
+// `first_item`: the launch's first item in the call (faults name items by
+// their index in the call).
 __global__ void __launch_bounds__(kThreads)
-    CopyBlocksKernel(const CacheGeometry g, uint8_t* base, const int32_t* pairs,
-                     const InlinePairs inline_pairs, int32_t num_pairs,
-                     DeviceErrorRecord* checked) {
-  const int64_t pair = blockIdx.x / g.num_layers;
-  const int32_t layer = static_cast<int32_t>(blockIdx.x % g.num_layers);
-  if (pair >= num_pairs) return;
-  const int32_t src = pairs != nullptr ? pairs[2 * pair] : inline_pairs.v[2 * pair];
-  const int32_t dst = pairs != nullptr ? pairs[2 * pair + 1] : inline_pairs.v[2 * pair + 1];
-  // The host validates host-side pairs; device-side ones out of range copy
+    MoveBlocksKernel(const BlockMoveParams p, const InlinePairs inline_pairs, int32_t first_item) {
+  const int32_t layer = static_cast<int32_t>(blockIdx.x / p.num_items);
+  const int32_t item = static_cast<int32_t>(blockIdx.x % p.num_items);
+  const bool copy = p.move == BlockMove::kCopy;
+  const int64_t at = copy ? 2 * int64_t{item} : item;
+  const int32_t id = p.ids_on_host ? inline_pairs.v[at] : p.ids[at];
+  const int32_t dst = !copy ? 0 : p.ids_on_host ? inline_pairs.v[at + 1] : p.ids[at + 1];
+  const int32_t limit = p.geo.num_blocks;
+  const bool bad_id = id < 0 || id >= limit;
+  const bool bad_dst = dst < 0 || dst >= limit;
+  const bool reporter = layer == 0 && blockIdx.y == 0;  // one block per item reports
+  // The host validates host-side ids; device-side ones out of range move
   // nothing (and are reported in checked mode).
-  if (src < 0 || src >= g.num_blocks || dst < 0 || dst >= g.num_blocks) {
-    if (layer == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-      ReportFault(checked, DeviceFault::kCopyPairOutOfRange, pair,
-                  src < 0 || src >= g.num_blocks ? src : dst, g.num_blocks);
+  if (bad_id || bad_dst) {
+    if (reporter && threadIdx.x == 0) {
+      ReportFault(p.checked,
+                  copy ? DeviceFault::kCopyPairOutOfRange : DeviceFault::kPackBlockOutOfRange,
+                  int64_t{first_item} + item, bad_id ? id : dst, limit);
     }
     return;
   }
-  uint8_t* const l = base + layer * g.layer_bytes();
-  const int64_t first = int64_t{blockIdx.y} * kThreads + threadIdx.x;
-  const int64_t step = int64_t{gridDim.y} * kThreads;
+  // Checked mode: an unpack destination an earlier item names too (its
+  // block then holds either item's bytes, possibly mixed).
+  if (p.move == BlockMove::kUnpack && p.checked != nullptr && reporter) {
+    __shared__ int32_t earlier;
+    if (threadIdx.x == 0) earlier = INT_MAX;
+    __syncthreads();
+    for (int32_t j = threadIdx.x; j < item; j += kThreads) {
+      if (p.ids[j] == id) atomicMin(&earlier, j);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && earlier != INT_MAX) {
+      ReportFault(p.checked, DeviceFault::kUnpackBlockRepeated, item, id, earlier);
+    }
+  }
+  BlockVectors b;
+  int64_t n = 0;
 #pragma unroll
-  for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
-    const CacheGeometry::BlockRegion region = g.block_region(r);
-    if (region.block_stride == 0) continue;
-    const uint8_t* from = l + region.offset + src * region.block_stride;
-    uint8_t* to = l + region.offset + dst * region.block_stride;
-    const bool vec = ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
-                       static_cast<uintptr_t>(region.block_stride)) %
-                      16) == 0;
-    if (vec) {
-      const int64_t n = region.block_stride / 16;
-      const uint4* f = reinterpret_cast<const uint4*>(from);
-      uint4* t = reinterpret_cast<uint4*>(to);
-      for (int64_t i = first; i < n; i += step) t[i] = f[i];
-    } else {
-      for (int64_t i = first; i < region.block_stride; i += step) to[i] = from[i];
+  for (int r = 0; r < kRegions; ++r) {
+    const BlockMoveEnds e = BlockMoveRegion(p, layer, r, item, id, dst);
+    b.from[r] = reinterpret_cast<const uint4*>(e.from);
+    b.to[r] = reinterpret_cast<uint4*>(e.to);
+    n += p.geo.block_region(r).block_stride / 16;
+    b.end[r] = n;
+  }
+  const int64_t step = int64_t{gridDim.y} * kThreads;
+  for (int64_t v0 = int64_t{blockIdx.y} * kThreads + threadIdx.x; v0 < n;
+       v0 += step * kVectorsPerThread) {
+    uint4 val[kVectorsPerThread];
+    uint4* to[kVectorsPerThread];
+#pragma unroll
+    for (int u = 0; u < kVectorsPerThread; ++u) {
+      to[u] = nullptr;
+      const int64_t v = v0 + u * step;
+      if (v < n) {
+        const uint4* from = nullptr;
+        b.Locate(v, &from, &to[u]);
+        val[u] = __ldcg(from);  // global space, L2 only: nothing is read twice
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kVectorsPerThread; ++u) {
+      if (to[u] != nullptr) __stcg(to[u], val[u]);
     }
   }
 }
 
 }  // namespace
 
-int LaunchCopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
-                     int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
-                     void* stream) {
-  if (num_pairs <= 0 || geo.num_layers <= 0) return cudaSuccess;
-  // Enough slices that the largest region gives each thread a few vectors.
-  int64_t largest = 0;
-  for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
-    const int64_t s = geo.block_region(r).block_stride;
-    if (s > largest) largest = s;
+int LaunchMoveBlocks(const BlockMoveParams& params, void* stream) {
+  const BlockMoveParams& p = params;
+  if (p.num_items <= 0 || p.num_layers <= 0) return cudaSuccess;
+  if (p.ids_on_host && p.move != BlockMove::kCopy) return cudaErrorInvalidValue;
+  // 16-byte vectors everywhere (see the top of this file).
+  uintptr_t bits =
+      reinterpret_cast<uintptr_t>(p.cache) | static_cast<uintptr_t>(p.geo.layer_bytes());
+  if (p.move != BlockMove::kCopy) bits |= reinterpret_cast<uintptr_t>(p.buffer);
+  for (int r = 0; r < kRegions; ++r) {
+    const CacheGeometry::BlockRegion region = p.geo.block_region(r);
+    bits |= static_cast<uintptr_t>(region.offset) | static_cast<uintptr_t>(region.block_stride);
   }
-  int64_t slices = (largest / 16 + int64_t{kThreads} * kVectorsPerThread - 1) /
+  if (bits % 16 != 0) return cudaErrorInvalidValue;
+  // Enough slices that each thread moves about kVectorsPerThread vectors.
+  const int64_t vectors = p.geo.packed_block_bytes() / 16;
+  int64_t slices = (vectors + int64_t{kThreads} * kVectorsPerThread - 1) /
                    (int64_t{kThreads} * kVectorsPerThread);
   if (slices < 1) slices = 1;
   if (slices > kMaxSlices) slices = kMaxSlices;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  InlinePairs inline_pairs{};
-  const int32_t per_launch = pairs_on_host ? kInlinePairs : num_pairs;
-  for (int32_t first = 0; first < num_pairs; first += per_launch) {
-    const int32_t n = num_pairs - first < per_launch ? num_pairs - first : per_launch;
-    const int64_t x = int64_t{n} * geo.num_layers;
-    if (x > 0x7FFFFFFF) return cudaErrorInvalidValue;
-    if (pairs_on_host) {
-      for (int32_t i = 0; i < 2 * n; ++i) inline_pairs.v[i] = pairs[2 * first + i];
+  const int32_t per_launch = p.ids_on_host ? kInlinePairs : p.num_items;
+  for (int32_t first = 0; first < p.num_items; first += per_launch) {
+    BlockMoveParams q = p;
+    q.num_items = p.num_items - first < per_launch ? p.num_items - first : per_launch;
+    InlinePairs inline_pairs{};
+    if (p.ids_on_host) {
+      for (int32_t i = 0; i < 2 * q.num_items; ++i) inline_pairs.v[i] = p.ids[2 * first + i];
+      q.ids = nullptr;
     }
-    const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(slices));
-    CopyBlocksKernel<<<grid, kThreads, 0, s>>>(geo, base, pairs_on_host ? nullptr : pairs,
-                                               inline_pairs, n, checked);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+    // Grid x holds (layer, item): as many layers a launch as fit in 2^31 - 1.
+    const int32_t layers_per_launch = static_cast<int32_t>(
+        INT_MAX / q.num_items < p.num_layers ? INT_MAX / q.num_items : p.num_layers);
+    for (int32_t l = 0; l < p.num_layers; l += layers_per_launch) {
+      BlockMoveParams part = q;
+      part.first_layer = p.first_layer + l;
+      part.num_layers = p.num_layers - l < layers_per_launch ? p.num_layers - l : layers_per_launch;
+      if (p.move != BlockMove::kCopy) {
+        part.buffer = p.buffer + int64_t{l} * p.num_items * p.geo.packed_block_bytes();
+      }
+      const dim3 grid(static_cast<unsigned>(int64_t{part.num_items} * part.num_layers),
+                      static_cast<unsigned>(slices));
+      MoveBlocksKernel<<<grid, kThreads, 0, s>>>(part, inline_pairs, first);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
   }
   return cudaSuccess;
 }

@@ -25,16 +25,18 @@ namespace kernels {
 // the device for it to complete before touching memory.
 int LaunchCacheWrite(const WriteParams& params, bool dependent, void* stream);
 
-// Copies blocks pairs[2i] -> pairs[2i+1] of every layer of the cache at
-// `base`, data and scales, in one launch. `pairs` is in device memory, or,
-// with pairs_on_host, in host memory: then the pairs travel in the kernel's
-// parameters (a few launches for many pairs), so nothing is staged in
-// device memory that another stream's copy could overwrite (copy-on-write
-// inside kvp_seq_append runs on the caller's stream). Pairs out of range
-// copy nothing; with `checked` (checked mode) the first is reported there.
-int LaunchCopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
-                     int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
-                     void* stream);
+// Moves whole blocks (BlockMoveParams, src/params.h), data and scales, in
+// one launch: copies within the cache (kCopy), packs into a buffer (kPack)
+// or unpacks from one (kUnpack). `ids` is in device memory, or, with
+// ids_on_host (kCopy), in host memory: then the pairs travel in the
+// kernel's parameters (a few launches for many pairs), so nothing is
+// staged in device memory that another stream's copy could overwrite
+// (copy-on-write inside kvp_seq_append runs on the caller's stream). Ids
+// out of range move nothing; with `checked` (checked mode) the first is
+// reported there, and so is an unpack destination listed twice. A region
+// or buffer not 16-byte aligned is refused (cudaErrorInvalidValue, nothing
+// launched): the supported geometries never have one.
+int LaunchMoveBlocks(const BlockMoveParams& params, void* stream);
 
 // Query heads a reduce block merges, a warp each: 1, or kReduceRowsMany
 // once a decode has kReduceManyRows rows (sequences x query tokens x query

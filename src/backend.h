@@ -60,13 +60,12 @@ class Backend {
   virtual absl::Status Decode(const DecodeParams& params, const DecodeCapacity& cap,
                               void* workspace, void* stream) = 0;
 
-  // Copies blocks pairs[2i] -> pairs[2i+1] of every layer (data and scales)
-  // of the cache at `base`; `pairs` is in this backend's memory space, or
-  // in host memory with pairs_on_host. Out-of-range pairs the host could not
-  // check copy nothing; `checked` (checked mode, else null) records them.
-  virtual absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
-                                  int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
-                                  void* stream) = 0;
+  // Moves whole blocks (BlockMoveParams): copies within the cache, packs
+  // into a buffer or unpacks from one, on `stream`. `ids` is in this
+  // backend's memory space, or in host memory with ids_on_host. Ids out of
+  // range that the host could not check move nothing; `checked` (checked
+  // mode, else null) records the first.
+  virtual absl::Status MoveBlocks(const BlockMoveParams& params, void* stream) = 0;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend();

@@ -113,18 +113,40 @@ absl::Status CheckRowExtent(const char* name, int64_t stride, int64_t rows, int6
   return absl::OkStatus();
 }
 
+namespace {
+
+// (value, index) of v[0], v[stride], ..., v[(n - 1) * stride], sorted: finds
+// repeats without a hash set (Abseil's corrupt themselves when an
+// allocation throws).
+std::vector<std::pair<int32_t, int32_t>> SortedIds(const int32_t* v, int32_t n, int stride) {
+  std::vector<std::pair<int32_t, int32_t>> sorted;
+  sorted.reserve(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) sorted.emplace_back(v[int64_t{i} * stride], i);
+  std::sort(sorted.begin(), sorted.end());
+  return sorted;
+}
+
+// The smallest index whose value an earlier index holds too, and that
+// earlier index in *earlier; n when every value is distinct.
+int32_t FirstRepeat(const std::vector<std::pair<int32_t, int32_t>>& sorted, int32_t n,
+                    int32_t* earlier) {
+  int32_t first = n;
+  for (size_t k = 1; k < sorted.size(); ++k) {
+    if (sorted[k].first == sorted[k - 1].first && sorted[k].second < first) {
+      first = sorted[k].second;
+      *earlier = sorted[k - 1].second;
+    }
+  }
+  return first;
+}
+
+}  // namespace
+
 absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs, int32_t src_blocks,
                                 int32_t dst_blocks, bool same_cache) {
-  // Destinations sorted with their pair index find duplicates without a
-  // hash set (Abseil's corrupt themselves when an allocation throws).
-  std::vector<std::pair<int32_t, int32_t>> dsts;  // (destination, pair)
-  dsts.reserve(static_cast<size_t>(num_pairs));
-  for (int32_t i = 0; i < num_pairs; ++i) dsts.emplace_back(pairs[2 * i + 1], i);
-  std::sort(dsts.begin(), dsts.end());
-  int32_t first_repeat = num_pairs;  // the first pair whose destination an earlier one has
-  for (size_t k = 1; k < dsts.size(); ++k) {
-    if (dsts[k].first == dsts[k - 1].first) first_repeat = std::min(first_repeat, dsts[k].second);
-  }
+  const std::vector<std::pair<int32_t, int32_t>> dsts = SortedIds(pairs + 1, num_pairs, 2);
+  int32_t earlier = 0;
+  const int32_t first_repeat = FirstRepeat(dsts, num_pairs, &earlier);
   for (int32_t i = 0; i < num_pairs; ++i) {
     const int32_t src = pairs[2 * i], dst = pairs[2 * i + 1];
     if (src < 0 || src >= src_blocks) {
@@ -150,6 +172,26 @@ absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs, int32_t
             kvpage::StrFormat("pairs[%d] = %d: block %d is both a source and a destination", 2 * i,
                               pairs[2 * i], pairs[2 * i]));
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBlockIds(const char* name, const int32_t* ids, int32_t n, int32_t num_blocks,
+                              bool distinct) {
+  for (int32_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= num_blocks) {
+      return InvalidArgument(
+          kvpage::StrFormat("%s[%d] = %d is out of range [0, %d)", name, i, ids[i], num_blocks));
+    }
+  }
+  if (distinct) {
+    int32_t earlier = 0;
+    const int32_t repeat = FirstRepeat(SortedIds(ids, n, 1), n, &earlier);
+    if (repeat < n) {
+      return InvalidArgument(kvpage::StrFormat(
+          "%s[%d] = %d names the block %s[%d] names too: unpack destinations must be distinct",
+          name, repeat, ids[repeat], name, earlier));
     }
   }
   return absl::OkStatus();
@@ -225,6 +267,7 @@ absl::StatusOr<std::unique_ptr<Cache>> Cache::Create(CacheOptions options) {
     cache->host_smoothing_ = std::move(smoothing);
   }
   cache->counters_ = reinterpret_cast<WriteCounters*>(cache->base_ + counters_offset);
+  cache->signature_ = MakeFormatSignature(g, cache->host_smoothing_);
   if (cache->checked_wanted_) {
     KVP_ASSIGN_OR_RETURN(cache->checked_, cache->backend_->AllocateErrorRecord());
     if (cache->checked_ == nullptr) {
@@ -277,6 +320,16 @@ absl::Status Cache::TakeDeviceFault() const {
           "checked mode: an earlier kvp_cache_copy_blocks had block id %d in pair %d, out of "
           "range [0, %d); that pair was not copied",
           value, where, limit));
+    case DeviceFault::kPackBlockOutOfRange:
+      return InvalidArgument(kvpage::StrFormat(
+          "checked mode: an earlier kvp_cache_pack or kvp_cache_unpack had block_ids[%d] = %d, "
+          "out of range [0, %d); that block was not moved",
+          where, value, limit));
+    case DeviceFault::kUnpackBlockRepeated:
+      return InvalidArgument(kvpage::StrFormat(
+          "checked mode: an earlier kvp_cache_unpack had block_ids[%d] = %d, the block "
+          "block_ids[%d] names too; that block holds either one's bytes",
+          where, value, limit));
     default:
       return Internal(kvpage::StrFormat("checked mode: unknown device fault %d", fault));
   }
@@ -345,6 +398,21 @@ absl::Status Cache::Write(const WriteRequest& r, void* stream) {
   return backend_->Write(p, stream);
 }
 
+absl::Status Cache::CopyPairs(const int32_t* pairs, int32_t num_pairs, bool on_host,
+                              void* stream) const {
+  BlockMoveParams p{};
+  p.geo = geo_;
+  p.cache = base_;
+  p.move = BlockMove::kCopy;
+  p.first_layer = 0;
+  p.num_layers = geo_.num_layers;
+  p.ids = pairs;
+  p.num_items = num_pairs;
+  p.ids_on_host = on_host;
+  p.checked = checked_record();
+  return backend_->MoveBlocks(p, stream);
+}
+
 absl::Status Cache::CopyBlocks(const int32_t* pairs, int32_t num_pairs, void* stream) {
   KVP_RETURN_IF_ERROR(TakeDeviceFault());  // checked mode: an earlier kernel's finding
   if (num_pairs < 0) {
@@ -358,8 +426,102 @@ absl::Status Cache::CopyBlocks(const int32_t* pairs, int32_t num_pairs, void* st
     KVP_RETURN_IF_ERROR(
         ValidateBlockPairs(pairs, num_pairs, geo_.num_blocks, geo_.num_blocks, true));
   }
-  return backend_->CopyBlocks(geo_, base_, pairs, num_pairs, /*pairs_on_host=*/false,
-                              checked_record(), stream);
+  return CopyPairs(pairs, num_pairs, /*on_host=*/false, stream);
+}
+
+// ---- Pack and unpack (kvp_cache_pack, kvp_cache_unpack) ---------------------------------
+
+absl::Status Cache::CheckSignature(const char* name, const void* signature, size_t bytes) const {
+  return CheckFormatSignature(name, signature, bytes, signature_);
+}
+
+absl::StatusOr<uint64_t> Cache::PackBytes(int32_t num_blocks, int32_t num_layers) const {
+  if (num_blocks < 0) {
+    return InvalidArgument(kvpage::StrFormat("num_blocks = %d, must be >= 0", num_blocks));
+  }
+  if (num_layers < 0 || num_layers > geo_.num_layers) {
+    return InvalidArgument(
+        kvpage::StrFormat("num_layers = %d, must be between 0 (every layer) and the cache's %d",
+                          num_layers, geo_.num_layers));
+  }
+  const int32_t layers = num_layers == 0 ? geo_.num_layers : num_layers;
+  // Pack sources may repeat, so num_blocks is not bounded by the cache.
+  const __int128 bytes = static_cast<__int128>(num_blocks) * layers * geo_.packed_block_bytes();
+  if (bytes > kMaxBytes) {
+    return InvalidArgument(
+        kvpage::StrFormat("num_blocks = %d of %d layers of %d bytes a block: more than 2^56 bytes",
+                          num_blocks, layers, geo_.packed_block_bytes()));
+  }
+  return static_cast<uint64_t>(bytes);
+}
+
+absl::StatusOr<BlockMoveParams> Cache::PackMove(const PackRequest& r, BlockMove move) const {
+  KVP_RETURN_IF_ERROR(TakeDeviceFault());  // checked mode: an earlier kernel's finding
+  if (r.signature != nullptr) {
+    KVP_RETURN_IF_ERROR(CheckSignature("args->signature", r.signature, kFormatSignatureBytes));
+  }
+  if (r.num_blocks < 0) {
+    return InvalidArgument(kvpage::StrFormat("args->num_blocks = %d, must be >= 0", r.num_blocks));
+  }
+  if (r.first_layer < 0 || r.first_layer >= geo_.num_layers) {
+    return InvalidArgument(kvpage::StrFormat("args->first_layer = %d is out of range [0, %d)",
+                                             r.first_layer, geo_.num_layers));
+  }
+  const int32_t layers = r.num_layers == 0 ? geo_.num_layers - r.first_layer : r.num_layers;
+  if (layers < 1 || layers > geo_.num_layers - r.first_layer) {
+    return InvalidArgument(kvpage::StrFormat(
+        "args->num_layers = %d with args->first_layer = %d: the cache has layers [0, %d) (0 = "
+        "through the last)",
+        r.num_layers, r.first_layer, geo_.num_layers));
+  }
+  KVP_ASSIGN_OR_RETURN(const uint64_t need, PackBytes(r.num_blocks, layers));
+  BlockMoveParams p{};
+  p.geo = geo_;
+  p.cache = base_;
+  p.move = move;
+  p.first_layer = r.first_layer;
+  p.num_layers = layers;
+  p.ids = r.block_ids;
+  p.num_items = r.num_blocks;
+  p.buffer = static_cast<uint8_t*>(r.buffer);
+  p.checked = checked_record();
+  if (r.num_blocks == 0) return p;  // a no-op: the pointers may be NULL
+  if (r.block_ids == nullptr || r.buffer == nullptr) {
+    return InvalidArgument(kvpage::StrFormat("args->%s is NULL with args->num_blocks = %d",
+                                             r.block_ids == nullptr ? "block_ids" : "buffer",
+                                             r.num_blocks));
+  }
+  if (reinterpret_cast<uintptr_t>(r.buffer) % 16 != 0) {
+    return InvalidArgument(kvpage::StrFormat("args->buffer = %p is not 16-byte aligned", r.buffer));
+  }
+  if (r.buffer_bytes < need) {
+    return InvalidArgument(kvpage::StrFormat(
+        "args->buffer_bytes = %d, but %d blocks of %d layers need %d bytes (kvp_cache_pack_size)",
+        r.buffer_bytes, r.num_blocks, layers, need));
+  }
+  const auto at = reinterpret_cast<uintptr_t>(r.buffer), base = reinterpret_cast<uintptr_t>(base_);
+  if (at < base + bytes_ && base < at + need) {
+    return InvalidArgument(
+        kvpage::StrFormat("args->buffer = %p overlaps the cache's own memory [%p, +%d bytes)",
+                          r.buffer, base_, bytes_));
+  }
+  if (device_kind() == DeviceKind::kCpu) {  // the ids are host memory here
+    KVP_RETURN_IF_ERROR(ValidateBlockIds("args->block_ids", r.block_ids, r.num_blocks,
+                                         geo_.num_blocks, move == BlockMove::kUnpack));
+  }
+  return p;
+}
+
+absl::Status Cache::Pack(const PackRequest& r, void* stream) const {
+  KVP_ASSIGN_OR_RETURN(const BlockMoveParams p, PackMove(r, BlockMove::kPack));
+  if (p.num_items == 0) return absl::OkStatus();
+  return backend_->MoveBlocks(p, stream);
+}
+
+absl::Status Cache::Unpack(const PackRequest& r, void* stream) {
+  KVP_ASSIGN_OR_RETURN(const BlockMoveParams p, PackMove(r, BlockMove::kUnpack));
+  if (p.num_items == 0) return absl::OkStatus();
+  return backend_->MoveBlocks(p, stream);
 }
 
 absl::Status Cache::TransferBlocksFrom(const Cache& src, const int32_t* pairs, int32_t num_pairs,
@@ -434,8 +596,7 @@ absl::StatusOr<std::vector<int64_t>> Cache::Append(int64_t seq, int32_t num_toke
       pairs.push_back(c.src);
       pairs.push_back(c.dst);
     }
-    return backend_->CopyBlocks(geo_, base_, pairs.data(), static_cast<int32_t>(copies.size()),
-                                /*pairs_on_host=*/true, checked_record(), stream);
+    return CopyPairs(pairs.data(), static_cast<int32_t>(copies.size()), /*on_host=*/true, stream);
   });
 }
 

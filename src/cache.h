@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "src/backend.h"
 #include "src/block_manager.h"
+#include "src/format_signature.h"
 #include "src/geometry.h"
 #include "src/params.h"
 
@@ -42,6 +43,17 @@ struct WriteRequest {
   int64_t key_stride = 0;  // elements; 0 = dense
   int64_t value_stride = 0;
   const int64_t* slot_mapping = nullptr;
+};
+
+// kvp_pack_args, as the core reads it (semantics: kvpage.h).
+struct PackRequest {
+  const int32_t* block_ids = nullptr;  // in the cache's memory space
+  int32_t num_blocks = 0;
+  int32_t first_layer = 0;
+  int32_t num_layers = 0;  // 0 = through the last layer
+  void* buffer = nullptr;  // in the cache's memory space
+  uint64_t buffer_bytes = 0;
+  const void* signature = nullptr;  // a peer's kFormatSignatureBytes bytes, or null
 };
 
 class Cache {
@@ -81,6 +93,16 @@ class Cache {
   absl::Status TransferBlocksFrom(const Cache& src, const int32_t* pairs, int32_t num_pairs,
                                   void* stream);
 
+  // The format signature of this cache, and the check of a peer's.
+  const FormatSignature& signature() const { return signature_; }
+  absl::Status CheckSignature(const char* name, const void* signature, size_t bytes) const;
+  // Bytes of a packed buffer of `num_blocks` blocks of `num_layers` layers
+  // (0 = every layer).
+  absl::StatusOr<uint64_t> PackBytes(int32_t num_blocks, int32_t num_layers) const;
+  // Gathers blocks into a packed buffer / scatters one into blocks.
+  absl::Status Pack(const PackRequest& request, void* stream) const;
+  absl::Status Unpack(const PackRequest& request, void* stream);
+
   // Sequence operations (block manager + copy-on-write on the backend).
   absl::StatusOr<std::vector<int64_t>> Append(int64_t seq, int32_t num_tokens, void* stream);
 
@@ -96,6 +118,11 @@ class Cache {
 
  private:
   Cache(CacheOptions options, std::unique_ptr<Backend> backend);
+  // Copies whole blocks of every layer (pairs in host memory with
+  // `on_host`; else in the cache's memory space).
+  absl::Status CopyPairs(const int32_t* pairs, int32_t num_pairs, bool on_host, void* stream) const;
+  // Checks a pack or unpack request and turns it into the backend's move.
+  absl::StatusOr<BlockMoveParams> PackMove(const PackRequest& r, BlockMove move) const;
 
   CacheGeometry geo_;
   Allocator allocator_;
@@ -106,6 +133,7 @@ class Cache {
   size_t bytes_ = 0;
   const float* smoothing_ = nullptr;
   std::vector<float> host_smoothing_;     // smoothing_'s values, on the host
+  FormatSignature signature_{};           // of the geometry and host_smoothing_
   WriteCounters* counters_ = nullptr;     // in the cache's memory space
   DeviceErrorRecord* checked_ = nullptr;  // host-mapped (CUDA) or host memory
 };
@@ -124,6 +152,11 @@ absl::Status CheckRowExtent(const char* name, int64_t stride, int64_t rows, int6
 // sides are one cache) not also sources.
 absl::Status ValidateBlockPairs(const int32_t* pairs, int32_t num_pairs, int32_t src_blocks,
                                 int32_t dst_blocks, bool same_cache);
+
+// Validates block ids held in host memory, the array named `name`: each in
+// [0, num_blocks), and, with `distinct`, none listed twice.
+absl::Status ValidateBlockIds(const char* name, const int32_t* ids, int32_t n, int32_t num_blocks,
+                              bool distinct);
 
 }  // namespace kvpage
 

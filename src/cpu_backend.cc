@@ -128,9 +128,7 @@ class CpuBackend final : public Backend {
   }
   absl::Status Decode(const DecodeParams& p, const DecodeCapacity& cap, void* workspace,
                       void* stream) override;
-  absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
-                          int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
-                          void* stream) override;
+  absl::Status MoveBlocks(const BlockMoveParams& p, void* stream) override;
 };
 
 absl::Status CpuBackend::Write(const WriteParams& p, void*) {
@@ -356,18 +354,18 @@ absl::Status CpuBackend::Decode(const DecodeParams& p, const DecodeCapacity&, vo
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::CopyBlocks(const CacheGeometry& g, uint8_t* base, const int32_t* pairs,
-                                    int32_t num_pairs, bool /*pairs_on_host: the same memory here*/,
-                                    DeviceErrorRecord* /*checked: pairs validated by Cache*/,
-                                    void*) {
-  for (int32_t layer = 0; layer < g.num_layers; ++layer) {
-    uint8_t* l = base + layer * g.layer_bytes();
-    for (int32_t i = 0; i < num_pairs; ++i) {
-      for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
-        const CacheGeometry::BlockRegion region = g.block_region(r);
-        if (region.block_stride == 0) continue;
-        std::memcpy(l + region.offset + pairs[2 * i + 1] * region.block_stride,
-                    l + region.offset + pairs[2 * i] * region.block_stride, region.block_stride);
+// Ids and pairs were validated on the host by Cache (they are host memory
+// here); `checked` has nothing to record.
+absl::Status CpuBackend::MoveBlocks(const BlockMoveParams& p, void*) {
+  const bool copy = p.move == BlockMove::kCopy;
+  for (int32_t layer = 0; layer < p.num_layers; ++layer) {
+    for (int r = 0; r < CacheGeometry::kNumBlockRegions; ++r) {
+      const int64_t bytes = p.geo.block_region(r).block_stride;
+      if (bytes == 0) continue;
+      for (int32_t i = 0; i < p.num_items; ++i) {
+        const BlockMoveEnds e =
+            BlockMoveRegion(p, layer, r, i, p.ids[copy ? 2 * i : i], copy ? p.ids[2 * i + 1] : 0);
+        std::memcpy(e.to, e.from, static_cast<size_t>(bytes));
       }
     }
   }

@@ -172,13 +172,10 @@ class CudaBackend final : public Backend {
                      "attention kernel launch");
   }
 
-  absl::Status CopyBlocks(const CacheGeometry& geo, uint8_t* base, const int32_t* pairs,
-                          int32_t num_pairs, bool pairs_on_host, DeviceErrorRecord* checked,
-                          void* stream) override {
+  absl::Status MoveBlocks(const BlockMoveParams& p, void* stream) override {
     KVP_CUDA_GUARD(ordinal_);
-    return CudaError(static_cast<cudaError_t>(kernels::LaunchCopyBlocks(
-                         geo, base, pairs, num_pairs, pairs_on_host, checked, stream)),
-                     "block copy kernel launch");
+    return CudaError(static_cast<cudaError_t>(kernels::LaunchMoveBlocks(p, stream)),
+                     "block move kernel launch");
   }
 
  private:

@@ -144,6 +144,21 @@ struct CacheGeometry {
                     : BlockRegion{v_scale_offset(), v_scale_block_stride()};
   }
 
+  // A packed buffer (kvp_cache_pack, docs/FORMATS.md "Packed blocks") of n
+  // blocks over a range of layers: layer-major; in each layer's part, each
+  // region's bytes of the n blocks in list order, regions in block_region
+  // order (absent ones take no bytes). One layer's part is
+  // n * packed_block_bytes() bytes.
+  KVP_HOST_DEVICE constexpr int64_t packed_block_bytes() const {
+    return k_block_stride() + v_block_stride() + k_scale_block_stride() + v_scale_block_stride();
+  }
+  // Where region r's part starts in one layer's part of n blocks.
+  KVP_HOST_DEVICE constexpr int64_t packed_region_offset(int r, int64_t n) const {
+    int64_t before = 0;
+    for (int q = 0; q < r; ++q) before += block_region(q).block_stride;
+    return n * before;
+  }
+
   // Bytes one token occupies in one layer (all KV heads, data + scales).
   KVP_HOST_DEVICE constexpr int64_t bytes_per_token_per_layer() const {
     return num_kv_heads * (int64_t{k_chunks()} * 16 + int64_t{head_size} * v_bits() / 8 +

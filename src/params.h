@@ -22,7 +22,9 @@ enum class DeviceFault : uint32_t {
   kBlockIdOutOfRange = 3,     // decode: a block id of table row `where` = value, not in [0, limit)
   kCopyPairOutOfRange = 4,    // copy: a block id of pair `where` = value, not in [0, limit)
   kQueryStartOutOfRange = 5,  // attend: query_starts[where] = value, not in [previous, limit]
-  kQueryPastContext = 6       // attend: sequence `where` has value query tokens > seq_lens = limit
+  kQueryPastContext = 6,      // attend: sequence `where` has value query tokens > seq_lens = limit
+  kPackBlockOutOfRange = 7,   // pack/unpack: block_ids[where] = value, not in [0, limit)
+  kUnpackBlockRepeated = 8    // unpack: block_ids[where] = value = block_ids[limit], limit < where
 };
 
 struct DeviceErrorRecord {
@@ -54,6 +56,55 @@ struct WriteParams {
   WriteCounters* counters;
   DeviceErrorRecord* checked;  // checked mode: report bad slots here; else null
 };
+
+// What a block move does (Backend::MoveBlocks).
+enum class BlockMove : int32_t {
+  kCopy = 0,    // block ids[2i] -> block ids[2i + 1] within the cache
+  kPack = 1,    // block ids[i] of the cache -> the packed buffer
+  kUnpack = 2,  // the packed buffer -> block ids[i] of the cache
+};
+
+// Whole blocks (every region: data and scales) of a range of layers, moved
+// within a cache (copy-on-write, kvp_cache_copy_blocks) or between a cache
+// and a packed buffer (kvp_cache_pack / kvp_cache_unpack; layout:
+// CacheGeometry::packed_block_bytes). Ids are not validated here: the
+// CPU backend's caller checks them on the host; the CUDA kernel skips ids
+// out of range and reports them to `checked`.
+struct BlockMoveParams {
+  CacheGeometry geo;
+  uint8_t* cache;  // layer 0 of the cache
+  BlockMove move;
+  int32_t first_layer;
+  int32_t num_layers;
+  const int32_t* ids;  // kCopy: pairs [2 * num_items]; else block ids [num_items]
+  int32_t num_items;
+  bool ids_on_host;            // ids in host memory (kCopy only: copy-on-write's pairs)
+  uint8_t* buffer;             // kPack, kUnpack: 16-byte aligned, num_layers * num_items blocks
+  DeviceErrorRecord* checked;  // checked mode: report bad ids here; else null
+};
+
+// Where item `item` of a block move reads and writes its bytes of region
+// r in layer `layer` of the range (0 = first_layer): the cache's block `id`
+// (for kCopy the pair's source; `dst` its destination) and, packing or
+// unpacking, the item's place in the buffer. Both backends move through it.
+struct BlockMoveEnds {
+  const uint8_t* from;
+  uint8_t* to;
+};
+KVP_HOST_DEVICE inline BlockMoveEnds BlockMoveRegion(const BlockMoveParams& p, int32_t layer, int r,
+                                                     int64_t item, int32_t id, int32_t dst) {
+  const CacheGeometry::BlockRegion region = p.geo.block_region(r);
+  uint8_t* const cache =
+      p.cache + (int64_t{p.first_layer} + layer) * p.geo.layer_bytes() + region.offset;
+  if (p.move == BlockMove::kCopy) {
+    return {cache + id * region.block_stride, cache + dst * region.block_stride};
+  }
+  const int64_t n = p.num_items;
+  uint8_t* const packed = p.buffer + layer * n * p.geo.packed_block_bytes() +
+                          p.geo.packed_region_offset(r, n) + item * region.block_stride;
+  uint8_t* const block = cache + id * region.block_stride;
+  return p.move == BlockMove::kPack ? BlockMoveEnds{block, packed} : BlockMoveEnds{packed, block};
+}
 
 // Attention over one layer (semantics: kvp_decode and kvp_attend in
 // kvpage.h). Sequence s owns query tokens query_starts[s] ..

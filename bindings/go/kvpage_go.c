@@ -145,4 +145,27 @@ kvp_error* kvpgo_attention_raw(kvp_decoder* decoder, int32_t attend, int32_t que
                          out_token_stride, (float*)lse, stream);
 }
 
+kvp_error* kvpgo_pack(kvp_cache* cache, int32_t unpack, const int32_t* block_ids,
+                      int32_t num_blocks, int32_t first_layer, int32_t num_layers, void* buffer,
+                      uint64_t buffer_bytes, const void* signature, uintptr_t stream) {
+  kvp_pack_args a;
+  kvp_pack_args_init(&a);
+  a.block_ids = block_ids;
+  a.num_blocks = num_blocks;
+  a.first_layer = first_layer;
+  a.num_layers = num_layers;
+  a.buffer = buffer;
+  a.buffer_bytes = buffer_bytes;
+  a.signature = signature;
+  if (unpack) return kvp_cache_unpack(cache, &a, (void*)stream);
+  return kvp_cache_pack(cache, &a, (void*)stream);
+}
+
+kvp_error* kvpgo_pack_raw(kvp_cache* cache, int32_t unpack, uintptr_t block_ids, int32_t num_blocks,
+                          int32_t first_layer, int32_t num_layers, uintptr_t buffer,
+                          uint64_t buffer_bytes, const void* signature, uintptr_t stream) {
+  return kvpgo_pack(cache, unpack, (const int32_t*)block_ids, num_blocks, first_layer, num_layers,
+                    (void*)buffer, buffer_bytes, signature, stream);
+}
+
 void kvpgo_read_host(void* dst, uintptr_t src, size_t n) { memcpy(dst, (const void*)src, n); }

@@ -2,7 +2,7 @@
 /* C helpers of the Go binding. cgo forbids passing Go memory that holds Go
  * pointers, so the argument structs that point to Go slices
  * (kvp_cache_config, kvp_write_args, kvp_decode_config, kvp_decode_args,
- * kvp_attend_args) are
+ * kvp_attend_args, kvp_pack_args) are
  * filled here, on the C side, from plain arguments. Device pointers and
  * streams arrive as uintptr_t. Only the public header is used. */
 #ifndef KVPAGE_GO_H_
@@ -61,6 +61,17 @@ kvp_error* kvpgo_attention_raw(kvp_decoder* decoder, int32_t attend, int32_t que
                                int64_t block_table_stride, int32_t block_table_width,
                                uintptr_t seq_lens, uintptr_t alibi_slopes, uintptr_t out,
                                int64_t out_token_stride, uintptr_t lse, uintptr_t stream);
+
+/* Runs kvp_cache_unpack where unpack is nonzero, else kvp_cache_pack, over
+ * the kvp_pack_args these fields make (signature: host memory or NULL). */
+kvp_error* kvpgo_pack(kvp_cache* cache, int32_t unpack, const int32_t* block_ids,
+                      int32_t num_blocks, int32_t first_layer, int32_t num_layers, void* buffer,
+                      uint64_t buffer_bytes, const void* signature, uintptr_t stream);
+
+/* kvpgo_pack with addresses in the cache's memory space. */
+kvp_error* kvpgo_pack_raw(kvp_cache* cache, int32_t unpack, uintptr_t block_ids, int32_t num_blocks,
+                          int32_t first_layer, int32_t num_layers, uintptr_t buffer,
+                          uint64_t buffer_bytes, const void* signature, uintptr_t stream);
 
 /* Copies n bytes of host memory at address src (e.g. a CPU cache's layout
  * pointer) into dst. */

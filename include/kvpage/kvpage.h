@@ -29,6 +29,8 @@
  *    issued from several threads too; on the CUDA backend they are ordered
  *    by the stream the caller passes, on the CPU backend they run at once
  *    and the caller must not write and read the same blocks concurrently.
+ *    kvp_cache_pack, kvp_cache_unpack and the format signature calls are
+ *    ordered the same way as block copies.
  *    kvp_cache_destroy() must not race with any other call on the cache.
  *  - kvp_decoder: kvp_decode() on one decoder must not run concurrently
  *    from two threads when the decoder owns its workspace (the workspace
@@ -70,7 +72,7 @@ extern "C" {
  * major). Minor: entries appended to the function table or fields appended
  * to a struct. */
 #define KVP_ABI_MAJOR 1
-#define KVP_ABI_MINOR 3
+#define KVP_ABI_MINOR 4
 
 /* Struct sizes by ABI version, as PJRT_STRUCT_SIZE in OpenXLA's PJRT C API:
  * the bytes of `type` up to and including `last_field`. Each struct that
@@ -205,10 +207,12 @@ typedef struct kvp_cache_config {
   /* Checked mode (default 0 = off): the CUDA kernels validate what
    * they read from device memory — block ids in block tables (against
    * num_blocks), seq_lens (against max_context_len and block_table_width *
-   * block_size), slot mappings and device-side copy pairs — and skip any
-   * access a bad value would make. The first violation is recorded in
-   * host-mapped memory; the next kvp_cache_write, kvp_decode,
-   * kvp_cache_copy_blocks or kvp_cache_transfer_blocks on the cache returns
+   * block_size), slot mappings, device-side copy pairs and the block ids
+   * of kvp_cache_pack / kvp_cache_unpack (in range; unpack destinations
+   * distinct) — and skip any access a bad value would make. The first
+   * violation is recorded in host-mapped memory; the next kvp_cache_write,
+   * kvp_decode, kvp_attend, kvp_cache_copy_blocks, kvp_cache_transfer_blocks,
+   * kvp_cache_pack or kvp_cache_unpack on the cache returns
    * it as KVP_ERR_INVALID_ARGUMENT ("checked mode: ...", naming the array,
    * the index and the value) and clears it. Outputs of the sequences with a
    * bad value are unspecified (finite; a partition with a bad block id
@@ -603,6 +607,113 @@ KVP_EXPORT kvp_error* kvp_attend(kvp_decoder* decoder,
                                  const kvp_attend_args* args, void* stream);
 
 /* ------------------------------------------------------------------------ */
+/* Moving blocks between processes: pack and unpack (ABI 1.4)               */
+/* ------------------------------------------------------------------------ */
+
+/* Disaggregated serving computes a request's KV in one cache (prefill) and
+ * decodes it from another, on another GPU or host. kvp_cache_pack copies a
+ * list of blocks over a range of layers, data and scales, into one
+ * contiguous buffer; the engine moves the buffer with its own transport
+ * (NCCL, RDMA, a socket); kvp_cache_unpack copies it into the receiving
+ * cache at block ids the receiver chose (from its own kvp_seq_append, or
+ * its own block manager). The blocks move as stored: an INT8 block is
+ * about half of a BF16 one, an INT4 block about a quarter.
+ *
+ * Buffer layout (docs/FORMATS.md, "Packed blocks"), layer-major: for each
+ * layer of the range, for each region (K data, V data, K scales, V scales;
+ * FP16/BF16 data has no scale regions), the listed blocks' bytes of that
+ * region in list order, exactly as the cache stores them. A layer takes
+ * kvp_cache_pack_size(cache, num_blocks, 1) bytes, so a pack of layers
+ * [a, b) is the packs of layers a, a + 1, ... one after another: an engine
+ * can send each layer as prefill finishes it, and unpack layer by layer or
+ * all at once.
+ *
+ * Compatibility: packed bytes mean the same in two caches of the same
+ * format: number of layers, block size, KV heads, head size, K and V
+ * dtypes, key smoothing vector and buffer layout. Their number of blocks,
+ * device kind and device may differ (a GPU cache packs for a CPU cache and
+ * back). kvp_cache_format_signature writes the format as a
+ * KVP_FORMAT_SIGNATURE_BYTES-byte blob in host memory (the same bytes on
+ * every platform; the key smoothing vector enters as a 64-bit hash of its
+ * bits) that the sending engine hands to the receiving one once per
+ * connection; kvp_cache_check_signature refuses a peer's blob of
+ * another format with KVP_ERR_INVALID_ARGUMENT naming the first field that
+ * differs and both values, and kvp_pack_args.signature runs the same check
+ * at the start of a pack or unpack. The buffer carries no header: reading
+ * one from device memory would cost the host a synchronization.
+ *
+ * Both calls launch on `stream` (a cudaStream_t; NULL = the default stream)
+ * without allocating or synchronizing: one kernel on the CUDA backend,
+ * which a CUDA graph can capture; they run at once on the CPU backend.
+ * block_ids and the buffer are in the cache's memory space (for a CUDA
+ * cache, device memory of its device or memory it can address: host-mapped,
+ * managed, a peer's). The CPU backend refuses block ids out of range, and
+ * unpack destinations listed twice, on the host, moving nothing. The CUDA
+ * backend cannot read device-side ids before its kernel runs: in checked
+ * mode (kvp_cache_config.checked) the kernel skips an id out of range,
+ * moves the other blocks and reports it at the next call on the cache, and
+ * reports a destination listed twice (that block then holds the bytes of
+ * either entry); without checked mode a bad id is undefined behaviour, as
+ * in kvp_cache_copy_blocks. Pack sources may repeat (a block shared by two
+ * sequences is packed for each). Every other bad argument is refused
+ * before anything moves, on both backends. */
+typedef struct kvp_pack_args {
+  size_t struct_size; /* ABI 1.4 */
+  /* int32 [num_blocks] block ids of the cache, in the cache's memory space,
+   * in buffer order: the blocks to pack, or the distinct blocks to unpack
+   * into. */
+  const int32_t* block_ids;
+  int32_t num_blocks;  /* >= 0; 0 = a no-op once the rest checks out */
+  int32_t first_layer; /* default 0 */
+  int32_t num_layers;  /* layers from first_layer; default 0 = to the last */
+  int32_t reserved0;   /* must be 0 */
+  /* The packed blocks: kvp_cache_pack writes, kvp_cache_unpack reads them.
+   * In the cache's memory space, 16-byte aligned, outside the cache's own
+   * memory, at least kvp_cache_pack_size(cache, num_blocks, layers) bytes.
+   * block_ids and buffer may be NULL when num_blocks is 0. */
+  void* buffer;
+  uint64_t buffer_bytes;
+  /* A peer's format signature (KVP_FORMAT_SIGNATURE_BYTES bytes of host
+   * memory) to check first, as kvp_cache_check_signature does; a mismatch
+   * fails the call before anything moves. NULL (default): no check. */
+  const void* signature;
+} kvp_pack_args;
+#define KVP_PACK_ARGS_STRUCT_SIZE_1_4 KVP_STRUCT_SIZE(kvp_pack_args, signature)
+
+/* Bytes of a format signature (kvp_cache_format_signature). */
+#define KVP_FORMAT_SIGNATURE_BYTES 64
+
+KVP_EXPORT void kvp_pack_args_init(kvp_pack_args* args);
+/* Bytes of a buffer holding num_blocks (>= 0) blocks of num_layers layers
+ * (1..num_layers of the cache; 0 = every layer). */
+KVP_EXPORT kvp_error* kvp_cache_pack_size(const kvp_cache* cache,
+                                          int32_t num_blocks,
+                                          int32_t num_layers,
+                                          uint64_t* bytes);
+/* Copies blocks block_ids[i] of layers [first_layer, first_layer +
+ * num_layers) into the buffer. The caller orders it after the writes of
+ * those blocks (same stream, or an event). */
+KVP_EXPORT kvp_error* kvp_cache_pack(const kvp_cache* cache,
+                                     const kvp_pack_args* args, void* stream);
+/* Copies a buffer packed by a cache of the same format into blocks
+ * block_ids[i] of layers [first_layer, first_layer + num_layers). */
+KVP_EXPORT kvp_error* kvp_cache_unpack(kvp_cache* cache,
+                                       const kvp_pack_args* args,
+                                       void* stream);
+/* Writes the cache's format signature (KVP_FORMAT_SIGNATURE_BYTES bytes)
+ * into `signature` (host memory of signature_bytes >= that). */
+KVP_EXPORT kvp_error* kvp_cache_format_signature(const kvp_cache* cache,
+                                                 void* signature,
+                                                 size_t signature_bytes);
+/* Success when the signature_bytes bytes at `signature` (host memory) are
+ * the format signature of a cache whose packed blocks this cache can
+ * unpack (and the reverse); else KVP_ERR_INVALID_ARGUMENT naming the first
+ * field that differs, the peer's value and this cache's. */
+KVP_EXPORT kvp_error* kvp_cache_check_signature(const kvp_cache* cache,
+                                                const void* signature,
+                                                size_t signature_bytes);
+
+/* ------------------------------------------------------------------------ */
 /* Function table for dlopen users: resolve kvp_get_api alone.               */
 /* ------------------------------------------------------------------------ */
 
@@ -655,9 +766,20 @@ typedef struct kvp_api {
   kvp_error* (*decode)(kvp_decoder*, const kvp_decode_args*, void*);
   void (*attend_args_init)(kvp_attend_args*);                      /* ABI 1.3 */
   kvp_error* (*attend)(kvp_decoder*, const kvp_attend_args*, void*); /* ABI 1.3 */
+  void (*pack_args_init)(kvp_pack_args*);                          /* ABI 1.4 */
+  kvp_error* (*cache_pack_size)(const kvp_cache*, int32_t, int32_t,
+                                uint64_t*);                        /* ABI 1.4 */
+  kvp_error* (*cache_pack)(const kvp_cache*, const kvp_pack_args*,
+                           void*);                                 /* ABI 1.4 */
+  kvp_error* (*cache_unpack)(kvp_cache*, const kvp_pack_args*, void*); /* ABI 1.4 */
+  kvp_error* (*cache_format_signature)(const kvp_cache*, void*,
+                                       size_t);                    /* ABI 1.4 */
+  kvp_error* (*cache_check_signature)(const kvp_cache*, const void*,
+                                      size_t);                     /* ABI 1.4 */
 } kvp_api;
 #define KVP_API_STRUCT_SIZE_1_0 KVP_STRUCT_SIZE(kvp_api, decode)
 #define KVP_API_STRUCT_SIZE_1_3 KVP_STRUCT_SIZE(kvp_api, attend)
+#define KVP_API_STRUCT_SIZE_1_4 KVP_STRUCT_SIZE(kvp_api, cache_check_signature)
 
 /* The function table of ABI major `abi_major`, or NULL if this library does
  * not provide it. Check table->abi_minor (or struct_size) before using

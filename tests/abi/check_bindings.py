@@ -226,6 +226,7 @@ GO_MIRRORS = {
     "kvp_decode_config": "DecodeConfig",
     "kvp_decode_args": "RawDecodeArgs",
     "kvp_attend_args": "RawAttendArgs",
+    "kvp_pack_args": "RawPackArgs",
 }
 GO_NOT_MAPPED_STRUCTS = {
     "kvp_allocator": "the Go binding offers no engine allocator: a C callback "
@@ -398,7 +399,8 @@ PY_ENUMS = {
     "kvp_device_kind_t": ("DeviceKind", ["KVP_DEVICE_"]),
     "kvp_error_code_t": ("ErrorCode", ["KVP_ERR_", "KVP_"]),
 }
-PY_MACROS = {"KVP_ABI_MAJOR": "ABI_MAJOR", "KVP_ABI_MINOR": "ABI_MINOR"}
+PY_MACROS = {"KVP_ABI_MAJOR": "ABI_MAJOR", "KVP_ABI_MINOR": "ABI_MINOR",
+             "KVP_FORMAT_SIGNATURE_BYTES": "FORMAT_SIGNATURE_BYTES"}
 PY_NOT_MAPPED_MACROS = {
     "KVP_VERSION_MAJOR": "the package version is the loaded library's (kvpage.version())",
     "KVP_VERSION_MINOR": "the package version is the loaded library's (kvpage.version())",

@@ -287,8 +287,9 @@ TEST(ApiTable, CurrentMajorIsComplete) {
     EXPECT_NE(fn, nullptr) << "function pointer at byte offset " << off;
     ++num_fns;
   }
-  EXPECT_EQ(num_fns, 39);
-  EXPECT_EQ(offsetof(kvp_api, attend) + sizeof(api->attend), sizeof(kvp_api));
+  EXPECT_EQ(num_fns, 45);
+  EXPECT_EQ(offsetof(kvp_api, cache_check_signature) + sizeof(api->cache_check_signature),
+            sizeof(kvp_api));
   // The table's entries behave like the exported ones.
   EXPECT_STREQ(api->version_string(), KVP_VERSION_STRING);
   EXPECT_STREQ(api->error_code_name(KVP_ERR_OUT_OF_BLOCKS), "OUT_OF_BLOCKS");
@@ -1397,6 +1398,239 @@ TEST_F(BadInputCache, TransferBlocks) {
   ASSERT_KVP_OK(kvp_cache_transfer_blocks(peer, cache_, good.data(), 2, nullptr));  // baseline
 }
 
+// ---- Pack and unpack ---------------------------------------------------------------
+
+TEST_F(BadInputCache, PackSize) {
+  uint64_t bytes = 77;
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_pack_size(nullptr, 2, 1, &bytes));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("bytes"),
+                         kvp_cache_pack_size(cache_, 2, 1, nullptr));
+  for (int32_t n : {-1, kI32Min}) {
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("num_blocks", S(n)),
+                           kvp_cache_pack_size(cache_, n, 1, &bytes));
+  }
+  for (int32_t layers : {-1, kLayers + 1, kI32Max, kI32Min}) {
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("num_layers", S(layers)),
+                           kvp_cache_pack_size(cache_, 2, layers, &bytes));
+  }
+  EXPECT_EQ(bytes, 77u);
+  ASSERT_KVP_OK(kvp_cache_pack_size(cache_, 2, 1, &bytes));
+}
+
+// One bad argument of kvp_pack_args each; `ids` holds three ids.
+struct PackCase {
+  const char* what;
+  std::function<void(kvp_pack_args*, std::vector<int32_t>*)> mutate;
+  Needles needles;
+};
+
+std::vector<PackCase> PackCases(int32_t layers, int32_t blocks, uint64_t need,
+                                const void* other_signature, const void* cache_memory) {
+  std::vector<PackCase> cases = {
+      {"struct_size 0", [](kvp_pack_args* a, std::vector<int32_t>*) { a->struct_size = 0; },
+       Msg("struct_size", "0")},
+      {"struct_size first released - 8",
+       [](kvp_pack_args* a, std::vector<int32_t>*) {
+         a->struct_size = KVP_PACK_ARGS_STRUCT_SIZE_1_4 - 8;
+       },
+       Msg("struct_size", S(KVP_PACK_ARGS_STRUCT_SIZE_1_4 - 8))},
+      {"reserved0", [](kvp_pack_args* a, std::vector<int32_t>*) { a->reserved0 = kI32Min; },
+       Msg("reserved0", S(kI32Min))},
+      {"num_layers past the cache",
+       [=](kvp_pack_args* a, std::vector<int32_t>*) { a->num_layers = layers + 1; },
+       Msg("num_layers", S(layers + 1))},
+      {"num_layers past the cache from layer 1",
+       [=](kvp_pack_args* a, std::vector<int32_t>*) {
+         a->first_layer = 1;
+         a->num_layers = layers;
+       },
+       Msg("num_layers", S(layers), "first_layer", "1")},
+      {"block_ids NULL", [](kvp_pack_args* a, std::vector<int32_t>*) { a->block_ids = nullptr; },
+       Msg("block_ids", "NULL")},
+      {"buffer NULL", [](kvp_pack_args* a, std::vector<int32_t>*) { a->buffer = nullptr; },
+       Msg("buffer", "NULL")},
+      {"buffer misaligned",
+       [](kvp_pack_args* a, std::vector<int32_t>*) {
+         a->buffer = static_cast<uint8_t*>(a->buffer) + 8;
+       },
+       Msg("buffer", "aligned")},
+      {"buffer_bytes one short",
+       [=](kvp_pack_args* a, std::vector<int32_t>*) { a->buffer_bytes = need - 1; },
+       Msg("buffer_bytes", S(need - 1), S(need))},
+      {"buffer_bytes 0", [](kvp_pack_args* a, std::vector<int32_t>*) { a->buffer_bytes = 0; },
+       Msg("buffer_bytes", "0")},
+      {"buffer inside the cache",
+       [=](kvp_pack_args* a, std::vector<int32_t>*) {
+         a->buffer = const_cast<void*>(cache_memory);
+       },
+       Msg("buffer", "overlaps")},
+      {"another format's signature",
+       [=](kvp_pack_args* a, std::vector<int32_t>*) { a->signature = other_signature; },
+       Msg("signature", "format")},
+      {"not a signature",
+       [](kvp_pack_args* a, std::vector<int32_t>*) {
+         static const uint8_t garbage[KVP_FORMAT_SIGNATURE_BYTES] = {1, 2, 3};
+         a->signature = garbage;
+       },
+       Msg("signature", "magic")},
+  };
+  for (int32_t n : {-1, kI32Min}) {
+    cases.push_back({"num_blocks negative",
+                     [=](kvp_pack_args* a, std::vector<int32_t>*) { a->num_blocks = n; },
+                     Msg("num_blocks", S(n))});
+  }
+  for (int32_t first : {-1, layers, kI32Max, kI32Min}) {
+    cases.push_back({"first_layer out of range",
+                     [=](kvp_pack_args* a, std::vector<int32_t>*) { a->first_layer = first; },
+                     Msg("first_layer", S(first))});
+  }
+  for (int32_t count : {-1, kI32Min, kI32Max}) {
+    cases.push_back({"num_layers out of range",
+                     [=](kvp_pack_args* a, std::vector<int32_t>*) { a->num_layers = count; },
+                     Msg("num_layers", S(count))});
+  }
+  // The last id out of range: a partial move would show in the bytes.
+  for (int32_t id : {-1, blocks, kI32Max, kI32Min}) {
+    cases.push_back({"block id out of range",
+                     [=](kvp_pack_args*, std::vector<int32_t>* ids) { (*ids)[2] = id; },
+                     Msg("block_ids[2]", S(id), S(blocks))});
+  }
+  return cases;
+}
+
+// `bytes` bytes at a 16-byte aligned address inside `raw`, filled with `fill`.
+uint8_t* Aligned16(std::vector<uint8_t>* raw, uint64_t bytes, uint8_t fill) {
+  raw->assign(bytes + 16, fill);
+  return raw->data() + (16 - reinterpret_cast<uintptr_t>(raw->data()) % 16) % 16;
+}
+
+std::vector<uint8_t> SignatureOf(const kvp_cache* cache) {
+  std::vector<uint8_t> sig(KVP_FORMAT_SIGNATURE_BYTES);
+  EXPECT_EQ(kvp_cache_format_signature(cache, sig.data(), sig.size()), nullptr);
+  return sig;
+}
+
+// The cache's own memory (layer 1's V data), as a buffer that overlaps it.
+const void* CacheMemory(const kvp_cache* cache) {
+  kvp_layer_layout lay;
+  kvp_layer_layout_init(&lay);
+  EXPECT_EQ(kvp_cache_get_layout(cache, 1, &lay), nullptr);
+  return lay.v_data;
+}
+
+// Every bad argument of kvp_cache_pack alone: the caller's buffer (poisoned)
+// and every cache keep their bytes.
+TEST_F(BadInputCache, Pack) {
+  uint64_t need = 0;
+  ASSERT_KVP_OK(kvp_cache_pack_size(cache_, 3, 0, &need));
+  std::vector<uint8_t> raw;
+  uint8_t* const buf = Aligned16(&raw, need + 32, 0x5C);
+  kvp_cache_config other = Config();
+  other.k_dtype = KVP_DTYPE_FP8_E4M3;
+  const std::vector<uint8_t> peer_sig = SignatureOf(Extra(other, false));
+  auto args = [&](const std::vector<int32_t>& ids) {
+    kvp_pack_args a;
+    kvp_pack_args_init(&a);
+    a.block_ids = ids.data();
+    a.num_blocks = static_cast<int32_t>(ids.size());
+    a.buffer = buf;
+    a.buffer_bytes = need;
+    return a;
+  };
+  const std::vector<uint8_t> poisoned = raw;
+  for (const PackCase& c :
+       PackCases(kLayers, kBlocks, need, peer_sig.data(), CacheMemory(cache_))) {
+    SCOPED_TRACE(c.what);
+    std::vector<int32_t> ids = {0, 1, 2};
+    kvp_pack_args a = args(ids);
+    c.mutate(&a, &ids);
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles,
+                           kvp_cache_pack(cache_, &a, nullptr));
+    EXPECT_TRUE(raw == poisoned) << "a failed pack wrote into the buffer";
+  }
+  const std::vector<int32_t> ids = {0, 1, 2};
+  kvp_pack_args a = args(ids);
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_pack(nullptr, &a, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("args"),
+                         kvp_cache_pack(cache_, nullptr, nullptr));
+  EXPECT_TRUE(raw == poisoned);
+  // The baseline is valid, and sources may repeat.
+  ASSERT_KVP_OK(kvp_cache_pack(cache_, &a, nullptr));
+  EXPECT_TRUE(raw != poisoned);
+  const std::vector<int32_t> repeated = {2, 2, 0};
+  a = args(repeated);
+  ASSERT_KVP_OK(kvp_cache_pack(cache_, &a, nullptr));
+}
+
+// Every bad argument of kvp_cache_unpack alone, and destinations listed
+// twice: no cache changes (free blocks 3..5 would show a partial unpack).
+TEST_F(BadInputCache, Unpack) {
+  uint64_t need = 0;
+  ASSERT_KVP_OK(kvp_cache_pack_size(cache_, 3, 0, &need));
+  std::vector<uint8_t> raw;
+  uint8_t* const buf = Aligned16(&raw, need + 32, 0);
+  const std::vector<int32_t> sources = {0, 1, 2};
+  kvp_pack_args a;
+  kvp_pack_args_init(&a);
+  a.block_ids = sources.data();
+  a.num_blocks = 3;
+  a.buffer = buf;
+  a.buffer_bytes = need;
+  ASSERT_KVP_OK(kvp_cache_pack(cache_, &a, nullptr));  // real blocks to unpack
+  kvp_cache_config other = Config();
+  other.v_dtype = KVP_DTYPE_INT8;
+  const std::vector<uint8_t> peer_sig = SignatureOf(Extra(other, false));
+  std::vector<PackCase> cases =
+      PackCases(kLayers, kBlocks, need, peer_sig.data(), CacheMemory(cache_));
+  cases.push_back({"a destination twice",
+                   [](kvp_pack_args*, std::vector<int32_t>* ids) { (*ids)[2] = (*ids)[0]; },
+                   Msg("block_ids[2]", "3", "block_ids[0]")});
+  cases.push_back({"a destination twice, adjacent",
+                   [](kvp_pack_args*, std::vector<int32_t>* ids) { (*ids)[2] = (*ids)[1]; },
+                   Msg("block_ids[2]", "4", "block_ids[1]")});
+  for (const PackCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<int32_t> ids = {3, 4, 5};
+    a.block_ids = ids.data();
+    kvp_pack_args bad = a;
+    c.mutate(&bad, &ids);
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, c.needles,
+                           kvp_cache_unpack(cache_, &bad, nullptr));
+  }
+  const std::vector<int32_t> ids = {3, 4, 5};
+  a.block_ids = ids.data();
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_unpack(nullptr, &a, nullptr));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("args"),
+                         kvp_cache_unpack(cache_, nullptr, nullptr));
+  ASSERT_KVP_OK(kvp_cache_unpack(cache_, &a, nullptr));  // the baseline is valid
+}
+
+TEST_F(BadInputCache, FormatSignature) {
+  std::vector<uint8_t> sig(KVP_FORMAT_SIGNATURE_BYTES + 8, 0x77);
+  const std::vector<uint8_t> untouched = sig;
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+                         kvp_cache_format_signature(nullptr, sig.data(), sig.size()));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("signature"),
+                         kvp_cache_format_signature(cache_, nullptr, sig.size()));
+  for (size_t n : {size_t{0}, size_t{KVP_FORMAT_SIGNATURE_BYTES - 1}}) {
+    EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("signature_bytes", S(int64_t(n))),
+                           kvp_cache_format_signature(cache_, sig.data(), n));
+  }
+  EXPECT_TRUE(sig == untouched);
+  ASSERT_KVP_OK(kvp_cache_format_signature(cache_, sig.data(), KVP_FORMAT_SIGNATURE_BYTES));
+  EXPECT_FAILS_UNCHANGED(
+      KVP_ERR_INVALID_ARGUMENT, Msg("cache"),
+      kvp_cache_check_signature(nullptr, sig.data(), KVP_FORMAT_SIGNATURE_BYTES));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("signature"),
+                         kvp_cache_check_signature(cache_, nullptr, KVP_FORMAT_SIGNATURE_BYTES));
+  EXPECT_FAILS_UNCHANGED(KVP_ERR_INVALID_ARGUMENT, Msg("signature_bytes", "3"),
+                         kvp_cache_check_signature(cache_, sig.data(), 3));
+  ASSERT_KVP_OK(kvp_cache_check_signature(cache_, sig.data(), KVP_FORMAT_SIGNATURE_BYTES));
+}
+
 // The decode configuration matrix, for kvp_decode_workspace_size and
 // kvp_decoder_create alike.
 struct DecodeConfigCase {
@@ -1637,6 +1871,8 @@ TEST(ApiStructs, InitFunctionsAndVersionQueriesAcceptNull) {
   kvp_write_stats_init(nullptr);
   kvp_decode_config_init(nullptr);
   kvp_decode_args_init(nullptr);
+  kvp_attend_args_init(nullptr);
+  kvp_pack_args_init(nullptr);
   kvp_abi_version(nullptr, nullptr);
   uint32_t major = 99;
   kvp_abi_version(&major, nullptr);

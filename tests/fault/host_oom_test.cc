@@ -481,7 +481,7 @@ TEST_F(HostOom, SequenceOperations) {
   });
 }
 
-TEST_F(HostOom, WriteCopyTransfer) {
+TEST_F(HostOom, WriteCopyTransferPack) {
   ExerciseEveryAllocation("kvp_cache_write", [](World& w, std::vector<uint8_t>*) {
     std::mt19937 rng(99);
     const std::vector<float> k = Randn(rng, 3 * kDense), v = Randn(rng, 3 * kDense);
@@ -503,6 +503,37 @@ TEST_F(HostOom, WriteCopyTransfer) {
   ExerciseEveryAllocation("kvp_cache_transfer_blocks", [](World& w, std::vector<uint8_t>*) {
     const int32_t pairs[4] = {0, 5, 1, 6};
     return Armed([&] { return kvp_cache_transfer_blocks(w.peer, w.cache, pairs, 2, nullptr); });
+  });
+  ExerciseEveryAllocation("kvp_cache_pack", [](World& w, std::vector<uint8_t>* out) {
+    const int32_t ids[3] = {0, 2, 0};
+    uint64_t need = 0;
+    kvp_error* e = kvp_cache_pack_size(w.cache, 3, 0, &need);
+    if (e != nullptr) return e;
+    kvp_pack_args a;
+    kvp_pack_args_init(&a);
+    a.block_ids = ids;
+    a.num_blocks = 3;
+    a.buffer = Buffer<uint8_t>(out, need);  // malloc'd: 16-byte aligned
+    a.buffer_bytes = need;
+    return Armed([&] { return kvp_cache_pack(w.cache, &a, nullptr); });
+  });
+  ExerciseEveryAllocation("kvp_cache_unpack", [](World& w, std::vector<uint8_t>* out) {
+    const int32_t ids[2] = {9, 3};
+    uint64_t need = 0;
+    kvp_error* e = kvp_cache_pack_size(w.cache, 2, 1, &need);
+    if (e != nullptr) return e;
+    uint8_t signature[KVP_FORMAT_SIGNATURE_BYTES];
+    e = kvp_cache_format_signature(w.peer, signature, sizeof(signature));
+    if (e != nullptr) return e;
+    kvp_pack_args a;
+    kvp_pack_args_init(&a);
+    a.block_ids = ids;
+    a.num_blocks = 2;
+    a.first_layer = 1;
+    a.buffer = Buffer<uint8_t>(out, need);
+    a.buffer_bytes = need;
+    a.signature = signature;
+    return Armed([&] { return kvp_cache_unpack(w.cache, &a, nullptr); });
   });
   ExerciseEveryAllocation("kvp_cache_reset_write_stats", [](World& w, std::vector<uint8_t>*) {
     return Armed([&] { return kvp_cache_reset_write_stats(w.cache); });

@@ -647,27 +647,74 @@ TEST(CudaWriteBench, DISABLED_Bandwidth) {
   }
 }
 
-// ---- Copy blocks -----------------------------------------------------------
+// ---- Block moves: copy, pack, unpack ---------------------------------------
 
-TEST(CudaCopyBlocks, MatchesCpu) {
+CacheGeometry RandomMoveGeometry(std::mt19937& rng) {
+  CacheGeometry g;
+  g.num_layers = 1 + static_cast<int>(rng() % 4);
+  // Up to ~100 pairs: the host-pairs path launches 32 at a time.
+  g.num_blocks = 8 + static_cast<int>(rng() % 200);
+  g.block_size = kBlockSizes[rng() % 3];
+  g.num_kv_heads = 1 + static_cast<int>(rng() % 8);
+  g.head_size = kHeadSizes[rng() % 5];
+  g.k_dtype = kCacheDTypes[rng() % 5];
+  g.v_dtype = kCacheDTypes[rng() % 5];
+  return g;
+}
+
+std::string DescribeGeometry(const CacheGeometry& g) {
+  return absl::StrFormat("layers %d blocks %d block_size %d heads %d head_size %d K %s V %s",
+                         g.num_layers, g.num_blocks, g.block_size, g.num_kv_heads, g.head_size,
+                         DTypeName(g.k_dtype), DTypeName(g.v_dtype));
+}
+
+// Runs `p` (host pointers) on the CPU backend and, on copies of the same
+// bytes, on the GPU (ids in device memory unless p.ids_on_host); the cache
+// and the buffer must come out the same.
+void ExpectMoveMatchesCpu(const BlockMoveParams& p, std::vector<uint8_t> cache,
+                          std::vector<uint8_t> buffer, size_t num_ids) {
+  const std::vector<uint8_t> cache_before = cache, buffer_before = buffer;
+  DeviceBuffer d_cache(cache.size()), d_buffer(buffer.size()), d_ids(num_ids * sizeof(int32_t));
+  ASSERT_TRUE(d_cache.ok() && d_buffer.ok() && d_ids.ok());
+  ASSERT_EQ(cudaMemcpy(d_cache.get(), cache.data(), cache.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_buffer.get(), buffer.data(), buffer.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_ids.get(), p.ids, num_ids * sizeof(int32_t), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  BlockMoveParams cpu = p;
+  cpu.cache = cache.data();
+  cpu.buffer = buffer.data();
+  ASSERT_TRUE(MakeCpuBackend()->MoveBlocks(cpu, nullptr).ok());
+  BlockMoveParams gpu = p;
+  gpu.cache = d_cache.get();
+  gpu.buffer = d_buffer.get();
+  if (!p.ids_on_host) gpu.ids = reinterpret_cast<const int32_t*>(d_ids.get());
+  ASSERT_EQ(kernels::LaunchMoveBlocks(gpu, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> gpu_cache(cache.size()), gpu_buffer(buffer.size());
+  ASSERT_EQ(cudaMemcpy(gpu_cache.data(), d_cache.get(), cache.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(gpu_buffer.data(), d_buffer.get(), buffer.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ExpectSameBytes(p.geo, cache, gpu_cache);
+  EXPECT_TRUE(buffer == gpu_buffer) << "the packed buffers differ";
+  // The move did something (the inputs are random bytes).
+  if (p.move == BlockMove::kPack) {
+    EXPECT_TRUE(buffer != buffer_before);
+  } else {
+    EXPECT_TRUE(cache != cache_before);
+  }
+}
+
+TEST(CudaMoveBlocks, CopyMatchesCpu) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
   KVPAGE_SEEDED_RNG(rng);
   for (int iter = 0; iter < 60; ++iter) {
-    CacheGeometry g;
-    g.num_layers = 1 + static_cast<int>(rng() % 3);
-    // Up to ~100 pairs: the host-pairs path launches 32 at a time.
-    g.num_blocks = 8 + static_cast<int>(rng() % 200);
-    g.block_size = kBlockSizes[rng() % 3];
-    g.num_kv_heads = 1 + static_cast<int>(rng() % 8);
-    g.head_size = kHeadSizes[rng() % 5];
-    g.k_dtype = kCacheDTypes[rng() % 5];
-    g.v_dtype = kCacheDTypes[rng() % 5];
+    const CacheGeometry g = RandomMoveGeometry(rng);
     const bool pairs_on_host = iter % 2 == 1;
-    SCOPED_TRACE(
-        absl::StrFormat("iter %d (pairs on host %d): layers %d blocks %d block_size %d heads %d "
-                        "head_size %d K %s V %s",
-                        iter, pairs_on_host, g.num_layers, g.num_blocks, g.block_size,
-                        g.num_kv_heads, g.head_size, DTypeName(g.k_dtype), DTypeName(g.v_dtype)));
+    SCOPED_TRACE(absl::StrFormat("iter %d (pairs on host %d): %s", iter, pairs_on_host,
+                                 DescribeGeometry(g)));
     // Sources and destinations disjoint (a block copied within one call is
     // never also overwritten by it); a source may feed several copies.
     std::vector<int32_t> ids(g.num_blocks);
@@ -680,45 +727,68 @@ TEST(CudaCopyBlocks, MatchesCpu) {
       pairs.push_back(ids[rng() % num_src]);
       pairs.push_back(ids[num_src + i]);
     }
-    const std::vector<uint8_t> poison = RandomBytes(rng, g.total_bytes());
-    std::vector<uint8_t> cpu_cache = poison;
-    ASSERT_TRUE(
-        MakeCpuBackend()
-            ->CopyBlocks(g, cpu_cache.data(), pairs.data(), num_pairs, false, nullptr, nullptr)
-            .ok());
-
-    DeviceBuffer d_cache(poison.size()), d_pairs(pairs.size() * sizeof(int32_t));
-    ASSERT_TRUE(d_cache.ok() && d_pairs.ok());
-    ASSERT_EQ(cudaMemcpy(d_cache.get(), poison.data(), poison.size(), cudaMemcpyHostToDevice),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(d_pairs.get(), pairs.data(), pairs.size() * sizeof(int32_t),
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
-    const int32_t* launch_pairs =
-        pairs_on_host ? pairs.data() : reinterpret_cast<const int32_t*>(d_pairs.get());
-    ASSERT_EQ(kernels::LaunchCopyBlocks(g, d_cache.get(), launch_pairs, num_pairs, pairs_on_host,
-                                        /*checked=*/nullptr, nullptr),
-              cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<uint8_t> gpu_cache(poison.size());
-    ASSERT_EQ(cudaMemcpy(gpu_cache.data(), d_cache.get(), gpu_cache.size(), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    ExpectSameBytes(g, cpu_cache, gpu_cache);
+    BlockMoveParams p{};
+    p.geo = g;
+    p.move = BlockMove::kCopy;
+    p.num_layers = g.num_layers;
+    p.ids = pairs.data();
+    p.num_items = num_pairs;
+    p.ids_on_host = pairs_on_host;
+    ExpectMoveMatchesCpu(p, RandomBytes(rng, g.total_bytes()), {}, pairs.size());
     if (HasFailure()) return;
   }
 }
 
-TEST(CudaCopyBlocks, NoPairsIsANoOp) {
+// Packs (sources may repeat) and unpacks (destinations distinct) of random
+// layer ranges, each against the CPU backend's bytes.
+TEST(CudaMoveBlocks, PackAndUnpackMatchCpu) {
   if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
-  CacheGeometry g;
-  g.num_layers = 1;
-  g.num_blocks = 2;
-  g.block_size = 16;
-  g.num_kv_heads = 1;
-  g.head_size = 64;
-  EXPECT_EQ(kernels::LaunchCopyBlocks(g, nullptr, nullptr, 0, false, nullptr, nullptr),
-            cudaSuccess);
-  EXPECT_EQ(kernels::LaunchCopyBlocks(g, nullptr, nullptr, 0, true, nullptr, nullptr), cudaSuccess);
+  KVPAGE_SEEDED_RNG(rng);
+  for (int iter = 0; iter < 80; ++iter) {
+    const CacheGeometry g = RandomMoveGeometry(rng);
+    BlockMoveParams p{};
+    p.geo = g;
+    p.move = iter % 2 == 0 ? BlockMove::kPack : BlockMove::kUnpack;
+    p.first_layer = static_cast<int32_t>(rng() % g.num_layers);
+    p.num_layers = 1 + static_cast<int32_t>(rng() % (g.num_layers - p.first_layer));
+    p.num_items = 1 + static_cast<int32_t>(rng() % g.num_blocks);
+    SCOPED_TRACE(absl::StrFormat("iter %d (%s, layers %d+%d, %d blocks): %s", iter,
+                                 p.move == BlockMove::kPack ? "pack" : "unpack", p.first_layer,
+                                 p.num_layers, p.num_items, DescribeGeometry(g)));
+    std::vector<int32_t> ids(g.num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(p.num_items);
+    if (p.move == BlockMove::kPack) {
+      for (int32_t& id : ids) {
+        if (rng() % 4 == 0) id = ids[0];  // repeated sources
+      }
+    }
+    p.ids = ids.data();
+    const size_t buffer_bytes =
+        static_cast<size_t>(int64_t{p.num_layers} * p.num_items * g.packed_block_bytes());
+    ExpectMoveMatchesCpu(p, RandomBytes(rng, g.total_bytes()), RandomBytes(rng, buffer_bytes),
+                         ids.size());
+    if (HasFailure()) return;
+  }
+}
+
+TEST(CudaMoveBlocks, NothingToMoveIsANoOp) {
+  if (SkipWithoutGpu()) GTEST_SKIP() << "no CUDA device present";
+  BlockMoveParams p{};
+  p.geo.num_layers = 1;
+  p.geo.num_blocks = 2;
+  p.geo.block_size = 16;
+  p.geo.num_kv_heads = 1;
+  p.geo.head_size = 64;
+  p.num_layers = 1;
+  for (BlockMove move : {BlockMove::kCopy, BlockMove::kPack, BlockMove::kUnpack}) {
+    p.move = move;
+    EXPECT_EQ(kernels::LaunchMoveBlocks(p, nullptr), cudaSuccess);
+  }
+  p.ids_on_host = true;
+  p.move = BlockMove::kCopy;
+  EXPECT_EQ(kernels::LaunchMoveBlocks(p, nullptr), cudaSuccess);
 }
 
 #else  // !KVPAGE_HAVE_CUDA

@@ -23,8 +23,8 @@ The library is found through KVPAGE_LIBRARY, else next to this package
 loader; its ABI is checked through kvp_get_api.
 """
 
-from ._lib import (ABI_MAJOR, ABI_MINOR, DType, DeviceKind, ErrorCode, KvpError,
-                   InvalidArgumentError, OutOfBlocksError, OutOfMemoryError,
+from ._lib import (ABI_MAJOR, ABI_MINOR, FORMAT_SIGNATURE_BYTES, DType, DeviceKind, ErrorCode,
+                   KvpError, InvalidArgumentError, OutOfBlocksError, OutOfMemoryError,
                    UnsupportedError, DeviceError, InternalError, LibraryError, Library,
                    library, error_from_code)
 from ._arrays import Ptr
@@ -32,7 +32,8 @@ from ._cache import (Cache, Sequence, Decoder, TorchAllocator, as_dtype, parse_d
                      version, abi_version, build_info, device_count)
 
 __all__ = [
-    "ABI_MAJOR", "ABI_MINOR", "DType", "DeviceKind", "ErrorCode", "KvpError",
+    "ABI_MAJOR", "ABI_MINOR", "FORMAT_SIGNATURE_BYTES", "DType", "DeviceKind", "ErrorCode",
+    "KvpError",
     "InvalidArgumentError", "OutOfBlocksError", "OutOfMemoryError", "UnsupportedError",
     "DeviceError", "InternalError", "LibraryError", "Library", "library", "error_from_code",
     "Ptr", "Cache", "Sequence", "Decoder", "TorchAllocator", "as_dtype", "parse_device",

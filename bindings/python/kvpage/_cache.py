@@ -12,8 +12,8 @@ from typing import (Any, Dict, Iterable, List, Literal, NamedTuple, Optional, Pr
 from . import _arrays as A
 from ._arrays import ArrayLike, DeviceLike, DTypeLike, IndexArrayLike, StreamLike
 from ._lib import (AttendArgs, CacheConfig, CacheInfo, DecodeArgs, DecodeConfig, DeviceKind, DType,
-                   LayerLayout, WriteArgs, WriteStats, Allocator, ALLOC_FN, FREE_FN,
-                   OutOfMemoryError, invalid, library)
+                   LayerLayout, PackArgs, WriteArgs, WriteStats, Allocator, ALLOC_FN, FREE_FN,
+                   FORMAT_SIGNATURE_BYTES, OutOfMemoryError, invalid, library)
 
 # ---------------------------------------------------------------------------
 # Small value types
@@ -630,6 +630,122 @@ class Cache(object):
         st = A.stream_handle(stream, dev)
         self._lib.check(self._lib.api.cache_transfer_blocks(self._h(), src._h(), p.ptr or None,
                                                             n // 2, st))
+
+    # -- moving blocks to another process: pack and unpack (ABI 1.4) ----------
+
+    def pack_size(self, num_blocks: int, num_layers: int = 0) -> int:
+        """Bytes of a packed buffer of num_blocks blocks of num_layers layers
+        (0 = every layer): kvp_cache_pack_size."""
+        self._lib.require("cache_pack_size", 4)
+        n = ctypes.c_uint64()
+        self._lib.check(self._lib.api.cache_pack_size(
+            self._h(), _i32(num_blocks, "num_blocks"), _i32(num_layers, "num_layers"),
+            ctypes.byref(n)))
+        return n.value
+
+    def format_signature(self) -> bytes:
+        """This cache's format signature (FORMAT_SIGNATURE_BYTES bytes): what a
+        peer checks before it unpacks this cache's blocks."""
+        self._lib.require("cache_format_signature", 4)
+        buf = (ctypes.c_uint8 * FORMAT_SIGNATURE_BYTES)()
+        self._lib.check(self._lib.api.cache_format_signature(self._h(), buf,
+                                                             FORMAT_SIGNATURE_BYTES))
+        return bytes(buf)
+
+    def check_signature(self, signature: bytes) -> None:
+        """Raises InvalidArgumentError, naming the first field that differs,
+        unless ``signature`` (a peer's format_signature()) is this cache's
+        format."""
+        self._lib.require("cache_check_signature", 4)
+        sig = bytes(signature)
+        buf = (ctypes.c_uint8 * max(len(sig), 1)).from_buffer_copy(sig or b"\0")
+        self._lib.check(self._lib.api.cache_check_signature(self._h(), buf, len(sig)))
+
+    def _pack_args(self, block_ids, buffer, first_layer, num_layers, signature, writable):
+        ids = A.index_array(block_ids, "block_ids", A.I32, self)
+        n = A.vector(ids, "block_ids")
+        if n is None:
+            raise invalid("block_ids: a Ptr needs num_blocks; pass an index array")
+        b = A.adapt(buffer, "buffer", writable)
+        A.check_device(b, "buffer", self)
+        if b.checked:
+            nbytes = A.vector(b, "buffer") * A._ITEMSIZE.get(b.tag, 2)  # raw16: 2
+        else:
+            nbytes = b.obj.nbytes if b.obj.nbytes is not None else self.pack_size(n, 0)
+        a = PackArgs()
+        self._lib.api.pack_args_init(ctypes.byref(a))
+        a.block_ids = ids.ptr or None
+        a.num_blocks = _i32(n, "num_blocks")
+        a.first_layer = _i32(first_layer, "first_layer")
+        a.num_layers = _i32(num_layers, "num_layers")
+        a.buffer = b.ptr or None
+        a.buffer_bytes = nbytes
+        keep = [ids, b]
+        if signature is not None:
+            sig = bytes(signature)
+            if len(sig) != FORMAT_SIGNATURE_BYTES:
+                raise invalid("signature has %d bytes, expected FORMAT_SIGNATURE_BYTES = %d"
+                              % (len(sig), FORMAT_SIGNATURE_BYTES))
+            sbuf = (ctypes.c_uint8 * FORMAT_SIGNATURE_BYTES).from_buffer_copy(sig)
+            keep.append(sbuf)
+            a.signature = ctypes.addressof(sbuf)
+        return a, keep
+
+    def pack(self, block_ids: IndexArrayLike, buffer: Optional[ArrayLike] = None, *,
+             first_layer: int = 0, num_layers: int = 0, signature: Optional[bytes] = None,
+             stream: StreamLike = None) -> Any:
+        """Copies blocks block_ids of layers first_layer .. (num_layers of
+        them, 0 = through the last) into one contiguous buffer:
+        kvp_cache_pack, layout in docs/FORMATS.md ("Packed blocks").
+
+        block_ids: int32 in the cache's memory space (a list is copied
+            there); they may repeat.
+        buffer: writable memory in the cache's memory space, 16-byte aligned,
+            of at least pack_size(len(block_ids), layers) bytes (a torch
+            uint8 tensor, a numpy array, a buffer). None: a new one (a
+            memoryview of bytes for a CPU cache, a torch uint8 tensor for a
+            CUDA cache).
+        signature: a peer's format_signature() to check first (optional).
+        Returns the buffer."""
+        self._lib.require("cache_pack", 4)
+        h = self._h()
+        ids = A.index_array(block_ids, "block_ids", A.I32, self)
+        if buffer is None:
+            n = A.vector(ids, "block_ids")
+            if n is None:
+                raise invalid("block_ids: a Ptr needs a buffer; pass an index array")
+            # Bad layer arguments get a buffer of one layer and the library's message.
+            layers = num_layers if num_layers != 0 else self.num_layers - first_layer
+            buffer = self._new_buffer(self.pack_size(n, min(max(layers, 1), self.num_layers)))
+        a, keep = self._pack_args(ids, buffer, first_layer, num_layers, signature, True)
+        st = A.stream_handle(stream, self)
+        self._lib.check(self._lib.api.cache_pack(h, ctypes.byref(a), st))
+        del keep
+        return buffer
+
+    def unpack(self, block_ids: IndexArrayLike, buffer: ArrayLike, *, first_layer: int = 0,
+               num_layers: int = 0, signature: Optional[bytes] = None,
+               stream: StreamLike = None) -> None:
+        """Copies a buffer packed by a cache of the same format into blocks
+        block_ids (distinct) of layers first_layer .. (num_layers of them,
+        0 = through the last): kvp_cache_unpack. Arguments as pack()."""
+        self._lib.require("cache_unpack", 4)
+        h = self._h()
+        a, keep = self._pack_args(block_ids, buffer, first_layer, num_layers, signature, False)
+        st = A.stream_handle(stream, self)
+        self._lib.check(self._lib.api.cache_unpack(h, ctypes.byref(a), st))
+        del keep
+
+    def _new_buffer(self, nbytes: int) -> Any:
+        """nbytes of 16-byte aligned memory in the cache's memory space."""
+        if self.device_kind == DeviceKind.CPU:
+            raw = (ctypes.c_uint8 * (nbytes + 16))()
+            off = (-ctypes.addressof(raw)) % 16
+            return memoryview(raw).cast("B")[off:off + nbytes]
+        t = A.torch_module()
+        if t is None:
+            raise invalid("buffer: pass device memory for a CUDA cache (or install torch)")
+        return t.empty(nbytes, dtype=t.uint8, device="cuda:%d" % self.device_ordinal)
 
     # -- decode ---------------------------------------------------------------
 

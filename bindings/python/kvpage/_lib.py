@@ -17,7 +17,9 @@ import threading
 from typing import Dict, List, Optional, Tuple, Type, Union
 
 ABI_MAJOR = 1
-ABI_MINOR = 3
+ABI_MINOR = 4
+# Bytes of a format signature (KVP_FORMAT_SIGNATURE_BYTES, Cache.format_signature).
+FORMAT_SIGNATURE_BYTES = 64
 
 # ---------------------------------------------------------------------------
 # Enums (stable numbers: kvpage.h)
@@ -312,6 +314,22 @@ class AttendArgs(ctypes.Structure):
     ]
 
 
+class PackArgs(ctypes.Structure):
+    """kvp_pack_args, first released in ABI 1.4."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("block_ids", ctypes.c_void_p),
+        ("num_blocks", ctypes.c_int32),
+        ("first_layer", ctypes.c_int32),
+        ("num_layers", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+        ("buffer", ctypes.c_void_p),
+        ("buffer_bytes", ctypes.c_uint64),
+        ("signature", ctypes.c_void_p),
+    ]
+
+
 def _fn(restype, *argtypes):
     return ctypes.CFUNCTYPE(restype, *argtypes)
 
@@ -368,11 +386,18 @@ class Api(ctypes.Structure):
         ("decode", _fn(c_error_p, c_handle, _P(DecodeArgs), _vp)),
         ("attend_args_init", _fn(None, _P(AttendArgs))),  # ABI 1.3
         ("attend", _fn(c_error_p, c_handle, _P(AttendArgs), _vp)),  # ABI 1.3
+        ("pack_args_init", _fn(None, _P(PackArgs))),  # ABI 1.4
+        ("cache_pack_size", _fn(c_error_p, c_handle, _i32, _i32, _P(ctypes.c_uint64))),  # ABI 1.4
+        ("cache_pack", _fn(c_error_p, c_handle, _P(PackArgs), _vp)),  # ABI 1.4
+        ("cache_unpack", _fn(c_error_p, c_handle, _P(PackArgs), _vp)),  # ABI 1.4
+        ("cache_format_signature", _fn(c_error_p, c_handle, _vp, ctypes.c_size_t)),  # ABI 1.4
+        ("cache_check_signature", _fn(c_error_p, c_handle, _vp, ctypes.c_size_t)),  # ABI 1.4
     ]
 
 
 # First released sizes: the header's KVP_<NAME>_STRUCT_SIZE_<major>_<minor>
-# of the version that first released each struct (1.0 but for AttendArgs).
+# of the version that first released each struct (1.0 but for AttendArgs
+# and PackArgs).
 FIRST_RELEASED_SIZES = {
     Allocator: 32,
     CacheConfig: 64,
@@ -383,6 +408,7 @@ FIRST_RELEASED_SIZES = {
     DecodeConfig: 48,
     DecodeArgs: 112,
     AttendArgs: 120,
+    PackArgs: 56,
     Api: 312,
 }
 

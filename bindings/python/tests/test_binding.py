@@ -41,7 +41,7 @@ class LoadingTest(unittest.TestCase):
 
     def test_struct_sizes_are_the_first_released_ones(self):
         # First released sizes, except where a later minor appended a field.
-        grown = {_lib.CacheConfig: 72, _lib.DecodeConfig: 56, _lib.Api: 328}
+        grown = {_lib.CacheConfig: 72, _lib.DecodeConfig: 56, _lib.Api: 376}
         for struct_type, size in _lib.FIRST_RELEASED_SIZES.items():
             self.assertEqual(ctypes.sizeof(struct_type), grown.get(struct_type, size),
                              struct_type.__name__)
@@ -56,8 +56,11 @@ class LoadingTest(unittest.TestCase):
         for field, off in (("version_string", 16), ("error_code", 40), ("cache_create", 96),
                            ("seq_create", 144), ("cache_write", 216),
                            ("cache_copy_blocks", 248), ("decoder_create", 280), ("decode", 304),
-                           ("attend_args_init", 312), ("attend", 320)):
+                           ("attend_args_init", 312), ("attend", 320), ("cache_pack", 344),
+                           ("cache_check_signature", 368)):
             self.assertEqual(getattr(_lib.Api, field).offset, off, field)
+        self.assertEqual(_lib.PackArgs.buffer.offset, 32)
+        self.assertEqual(_lib.PackArgs.signature.offset, 48)
 
     def test_library_from_environment(self):
         path = os.environ.get("KVPAGE_LIBRARY")

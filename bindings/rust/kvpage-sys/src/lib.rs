@@ -54,7 +54,7 @@ pub const KVP_VERSION_STRING: &str = "0.1.0";
 /// ABI version of the header these declarations match. Major: something
 /// removed or reordered; minor: entries or fields appended.
 pub const KVP_ABI_MAJOR: u32 = 1;
-pub const KVP_ABI_MINOR: u32 = 3;
+pub const KVP_ABI_MINOR: u32 = 4;
 
 // ---------------------------------------------------------------------------
 // Struct sizes by ABI version (the header's KVP_<NAME>_STRUCT_SIZE_<major>_<minor>,
@@ -91,6 +91,13 @@ pub const KVP_ATTEND_ARGS_STRUCT_SIZE_1_3: usize = 120;
 pub const KVP_API_STRUCT_SIZE_1_0: usize = 312;
 /// [`kvp_api`] through `attend` (ABI 1.3).
 pub const KVP_API_STRUCT_SIZE_1_3: usize = 328;
+/// [`kvp_pack_args`] through `signature` (ABI 1.4, its first release).
+pub const KVP_PACK_ARGS_STRUCT_SIZE_1_4: usize = 56;
+/// [`kvp_api`] through `cache_check_signature` (ABI 1.4).
+pub const KVP_API_STRUCT_SIZE_1_4: usize = 376;
+
+/// Bytes of a format signature ([`kvp_cache_format_signature`]).
+pub const KVP_FORMAT_SIGNATURE_BYTES: usize = 64;
 
 // ---------------------------------------------------------------------------
 // Opaque handles (the nomicon's pattern: not constructible, not Send, not
@@ -328,6 +335,24 @@ pub struct kvp_attend_args {
     pub lse: *mut f32,
 }
 
+/// Arguments of [`kvp_cache_pack`] and [`kvp_cache_unpack`] (first released
+/// in ABI 1.4); fill with [`kvp_pack_args_init`]. The buffer holds, layer by
+/// layer, each region's bytes of the listed blocks (docs/FORMATS.md,
+/// "Packed blocks").
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvp_pack_args {
+    pub struct_size: usize,
+    pub block_ids: *const i32,
+    pub num_blocks: i32,
+    pub first_layer: i32,
+    pub num_layers: i32,
+    pub reserved0: i32,
+    pub buffer: *mut c_void,
+    pub buffer_bytes: u64,
+    pub signature: *const c_void,
+}
+
 /// The function table for `dlopen` users ([`kvp_get_api`]); append-only.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -431,6 +456,25 @@ pub struct kvp_api {
             *mut c_void,
         ) -> *mut kvp_error,
     >,
+    /// ABI 1.4.
+    pub pack_args_init: Option<unsafe extern "C" fn(*mut kvp_pack_args)>,
+    /// ABI 1.4.
+    pub cache_pack_size:
+        Option<unsafe extern "C" fn(*const kvp_cache, i32, i32, *mut u64) -> *mut kvp_error>,
+    /// ABI 1.4.
+    pub cache_pack: Option<
+        unsafe extern "C" fn(*const kvp_cache, *const kvp_pack_args, *mut c_void) -> *mut kvp_error,
+    >,
+    /// ABI 1.4.
+    pub cache_unpack: Option<
+        unsafe extern "C" fn(*mut kvp_cache, *const kvp_pack_args, *mut c_void) -> *mut kvp_error,
+    >,
+    /// ABI 1.4.
+    pub cache_format_signature:
+        Option<unsafe extern "C" fn(*const kvp_cache, *mut c_void, usize) -> *mut kvp_error>,
+    /// ABI 1.4.
+    pub cache_check_signature:
+        Option<unsafe extern "C" fn(*const kvp_cache, *const c_void, usize) -> *mut kvp_error>,
 }
 
 /// `kvp_get_api_fn`: the type of [`kvp_get_api`], for `dlsym` users.
@@ -572,6 +616,41 @@ extern "C" {
         decoder: *mut kvp_decoder,
         args: *const kvp_attend_args,
         stream: *mut c_void,
+    ) -> *mut kvp_error;
+
+    // Moving blocks between processes: pack and unpack, ABI 1.4
+    pub fn kvp_pack_args_init(args: *mut kvp_pack_args);
+    /// Bytes of a buffer of `num_blocks` blocks of `num_layers` layers (0 = all).
+    pub fn kvp_cache_pack_size(
+        cache: *const kvp_cache,
+        num_blocks: i32,
+        num_layers: i32,
+        bytes: *mut u64,
+    ) -> *mut kvp_error;
+    /// `block_ids` and `buffer` are in the cache's memory space.
+    pub fn kvp_cache_pack(
+        cache: *const kvp_cache,
+        args: *const kvp_pack_args,
+        stream: *mut c_void,
+    ) -> *mut kvp_error;
+    /// `block_ids` (distinct) and `buffer` are in the cache's memory space.
+    pub fn kvp_cache_unpack(
+        cache: *mut kvp_cache,
+        args: *const kvp_pack_args,
+        stream: *mut c_void,
+    ) -> *mut kvp_error;
+    /// Writes [`KVP_FORMAT_SIGNATURE_BYTES`] bytes of host memory.
+    pub fn kvp_cache_format_signature(
+        cache: *const kvp_cache,
+        signature: *mut c_void,
+        signature_bytes: usize,
+    ) -> *mut kvp_error;
+    /// Fails, naming the first differing field, unless `signature` is this
+    /// cache's format.
+    pub fn kvp_cache_check_signature(
+        cache: *const kvp_cache,
+        signature: *const c_void,
+        signature_bytes: usize,
     ) -> *mut kvp_error;
 
     // Function table

@@ -200,6 +200,17 @@ fn rust_layouts() -> Vec<RustLayout> {
             out_token_stride,
             lse,
         }),
+        layout!(kvp_pack_args {
+            struct_size,
+            block_ids,
+            num_blocks,
+            first_layer,
+            num_layers,
+            reserved0,
+            buffer,
+            buffer_bytes,
+            signature,
+        }),
         layout!(kvp_api {
             struct_size,
             abi_major,
@@ -243,6 +254,12 @@ fn rust_layouts() -> Vec<RustLayout> {
             decode,
             attend_args_init,
             attend,
+            pack_args_init,
+            cache_pack_size,
+            cache_pack,
+            cache_unpack,
+            cache_format_signature,
+            cache_check_signature,
         }),
     ]
 }

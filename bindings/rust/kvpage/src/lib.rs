@@ -2,8 +2,9 @@
 //! Safe Rust bindings of kvpage: a paged KV cache (BF16/FP16, or FP8/INT8/INT4
 //! with per-token-per-head scales), its sequences and block tables, the
 //! quantizing write, decode attention and attention over query chunks of
-//! varying lengths ([`Decoder::attend`]), over the stable C ABI of
-//! `libkvpage.so` (raw declarations in [`kvpage_sys`]).
+//! varying lengths ([`Decoder::attend`]), and packed buffers that move a
+//! sequence's blocks to a cache in another process ([`Cache::pack`]), over
+//! the stable C ABI of `libkvpage.so` (raw declarations in [`kvpage_sys`]).
 //!
 //! - Handles are owned values that release their C objects on [`Drop`].
 //!   A [`Cache`] is a shared handle ([`Clone`] gives another one to the
@@ -94,6 +95,7 @@ mod cache;
 mod decode;
 mod dtype;
 mod error;
+mod pack;
 
 pub use cache::{
     BlockTable, Cache, CacheConfig, CacheInfo, Device, LayerLayout, RawWriteArgs, SeqId, Stream,
@@ -103,6 +105,7 @@ pub use decode::{AttendArgs, DecodeArgs, DecodeConfig, Decoder, RawAttendArgs, R
 pub use dtype::{Bf16, DType, Element, F16};
 pub use error::{Error, ErrorCode, Result};
 pub use kvpage_sys;
+pub use pack::{FormatSignature, PackArgs, PackBuffer, RawPackArgs};
 
 use kvpage_sys as sys;
 
