@@ -4,7 +4,8 @@
 
 usage: python3 scripts/perf_page.py RUN.txt [RUN.txt ...]
            [--peers COMPARE_TORCH.txt ...] [--attend ATTEND_RUN.txt ...]
-           [--attend-peers COMPARE_TORCH_ATTEND.txt ...] [-o docs/PERFORMANCE.md]
+           [--attend-peers COMPARE_TORCH_ATTEND.txt ...] [--pack PACK_RUN.txt ...]
+           [--transfer DISAGGREGATED.txt ...] [-o docs/PERFORMANCE.md]
 
 Each RUN is what `kvpage-bench` (bench/kvpage_bench.cc) prints, saved as is,
 or the CSV it writes with --csv. The page gets one table per device (the
@@ -30,6 +31,17 @@ compare_torch_attend.md it writes); each device then gets a section
 KV dtype, the mixed batch (d) against its parts, and TFLOP/s against the
 fastest PyTorch path. At most one of each per device; without them the
 page has no such section and its method no attend paragraph.
+
+`--pack` takes what `kvpage-bench --pack` prints (kvp_cache_pack and
+kvp_cache_unpack of one sequence, with the same metadata lines),
+`--transfer` what `kvpage-disaggregated --bench` prints
+(examples/disaggregated: the sequence moved between two GPUs through NCCL,
+against NCCL alone). The transfer names no device: its `# command:` line
+must name the machine kind, e.g. "(nvidia-h100-x2)", whose GPU model
+(H100) picks the device. Each device then gets a section "Moving KV
+between caches (kvp_cache_pack / kvp_cache_unpack)" after the query-chunk
+one, with each table's targets beside its numbers. At most one of each per
+device.
 
 Anything the script does not recognise is an error: it exits with status 1
 and names the file and line, so a truncated or garbled run never becomes a
@@ -103,6 +115,15 @@ def check_once(path, lineno, rows, row, keys):
     for r in rows:
         if tuple(r[x] for x in keys) == k:
             fail(path, lineno, "%s appears twice (line %d)" % (" ".join(k), r["lineno"]))
+
+
+def check_derived(path, lineno, got, got_err, expect, rel_err, msg):
+    """A printed figure `got`, rounded to within got_err, is `expect`,
+    computed from other printed figures whose rounding makes up to rel_err
+    of it (relative errors add up through products and quotients): a row
+    that disagrees belongs to another run or is garbled; fail with msg."""
+    if abs(expect - got) > got_err + abs(expect) * rel_err + 1e-9:
+        fail(path, lineno, msg)
 
 
 class Output(object):
@@ -203,18 +224,24 @@ class Run(BenchOutput):
         return ", ".join(parts) if parts else self.path
 
 
+def check_copy_frac(path, lineno, frac, gbs, gbs_err, copy_gbs, what="of copy BW",
+                    gbs_what=None):
+    """A fraction of the copy bandwidth (printed %.1f%%) is GB/s over the
+    run's copy bandwidth (printed %.0f): GB/s as printed (gbs_err 0.5) or
+    as computed from the printed bytes and time (gbs_err its rounding,
+    gbs_what how it was computed)."""
+    expect = 100.0 * gbs / copy_gbs
+    check_derived(path, lineno, frac, 0.051, expect, gbs_err / gbs + 0.5 / copy_gbs,
+                  "%s %.1f%% does not match %s / copy bandwidth %.0f (%.2f%%)"
+                  % (what, frac, gbs_what or "GB/s %.0f" % gbs, copy_gbs, expect))
+
+
 def check_row(run, lineno, row):
     if row["dtype"] not in DTYPES:
         fail(run.path, lineno, "unknown KV dtype %r" % row["dtype"])
     if row["batch"] < 1 or row["us"] <= 0 or row["gbs"] <= 0:
         fail(run.path, lineno, "a time, batch or GB/s that is not positive")
-    # The fraction is GB/s over the run's copy bandwidth, both rounded when
-    # printed: a row that disagrees belongs to another run or is garbled.
-    expect = 100.0 * row["gbs"] / run.copy_gbs
-    slack = 100.0 * 0.5 / run.copy_gbs + 100.0 * row["gbs"] * 0.5 / run.copy_gbs ** 2 + 0.051
-    if abs(expect - row["frac"]) > slack:
-        fail(run.path, lineno, "of copy BW %.1f%% does not match GB/s %.0f / copy bandwidth %.0f"
-             " (%.2f%%)" % (row["frac"], row["gbs"], run.copy_gbs, expect))
+    check_copy_frac(run.path, lineno, row["frac"], row["gbs"], 0.5, run.copy_gbs)
     for r in run.rows:
         if (r["shape"], r["batch"], r["dtype"]) == (row["shape"], row["batch"], row["dtype"]):
             fail(run.path, lineno, "%s B=%d %s appears twice" % (row["shape"], row["batch"],
@@ -956,6 +983,283 @@ APEER_TABLES = AttendTables(
 
 
 # ---------------------------------------------------------------------------
+# kvpage-bench --pack and kvpage-disaggregated --bench output
+# ---------------------------------------------------------------------------
+
+PACK_INTRO_RE = re.compile(
+    r"^kvp_cache_pack / kvp_cache_unpack of a (?P<tokens>\d+)-token sequence \((?P<blocks>\d+) "
+    r"blocks of (?P<block_size>\d+) tokens, shuffled in a pool of (?P<pool>\d+)\), "
+    r"(?P<layers>\d+) layers, GQA (?P<hq>\d+)/(?P<hkv>\d+) D=(?P<d>\d+); GB/s = 2 x bytes / "
+    r"time \(read \+ write, as the copy bandwidth\); graph times; by layer = (?P<calls>\d+) "
+    r"calls of one layer$")
+PACK_INTRO_PREFIX = "kvp_cache_pack / kvp_cache_unpack of"
+PACK_HEADER = ["KV", "bytes", "pack all (us)", "GB/s", "of copy BW", "unpack all (us)", "GB/s",
+               "of copy BW", "pack by layer (us)", "of copy BW", "unpack by layer (us)",
+               "of copy BW"]
+PACK_SKIPPED_PREFIX = "pack cases skipped:"
+# The four times of a pack row: (key, what), in the table's order.
+PACK_TIMES = [("pack_all", "pack all"), ("unpack_all", "unpack all"),
+              ("pack_layer", "pack by layer"), ("unpack_layer", "unpack by layer")]
+
+TRANSFER_INTRO_RE = re.compile(
+    r"^one (?P<tokens>\d+)-token sequence, (?P<layers>\d+) layers, GQA (?P<hq>\d+)/(?P<hkv>\d+), "
+    r"head size (?P<d>\d+), block size (?P<block_size>\d+), GPU (?P<src>\d+) -> GPU "
+    r"(?P<dst>\d+); times on the decode rank, median of (?P<iters>\d+); NCCL alone: the same "
+    r"bytes in the same per-layer messages$")
+TRANSFER_HEADER = ["KV", "bytes", "NCCL alone (ms)", "GB/s", "end to end (ms)", "GB/s",
+                   "of NCCL"]
+# The machine kind a command line names in brackets: "(nvidia-h100-x2, GPU 0)".
+KIND_RE = re.compile(r"\((?P<kind>nvidia-(?P<model>[a-z]\d+)(?:-x\d+)?)[,)]")
+
+# The targets the section sets its numbers against.
+PACK_TARGET = 80.0      # pack and unpack, % of the copy bandwidth
+TRANSFER_TARGET = 85.0  # end to end, % of NCCL alone's bandwidth for the same bytes
+INT4_TARGET = 3.0       # INT4 end to end this many times faster than BF16, at least
+
+
+class PackRun(BenchOutput):
+    def __init__(self, path):
+        BenchOutput.__init__(self, path)
+        self.copy_gbs = None
+        self.seq = None  # the caption's sequence: tokens, blocks, block_size, pool, layers, ...
+        # rows: dicts: dtype, bytes, pack_all, unpack_all, pack_layer, unpack_layer (us),
+        # *_gbs (the printed GB/s, all only), *_frac (% of copy BW), lineno
+
+
+class Transfer(Output):
+    """kvpage-disaggregated --bench's output: no device line; the machine
+    kind is its command line's."""
+
+    def __init__(self, path):
+        Output.__init__(self, path)
+        self.version = None
+        self.kind = None
+        self.model = None
+        self.seq = None  # the caption's sequence: tokens, layers, hq, hkv, d, block_size, ...
+        # rows: dicts: dtype, bytes, nccl_ms, nccl_gbs, e2e_ms, e2e_gbs, frac, lineno
+
+
+def int_cell(path, lineno, text, what):
+    """A whole, positive number (a byte count)."""
+    v = num(path, lineno, text, what)
+    if v != int(v) or v < 1:
+        fail(path, lineno, "%s is not a positive whole number: %r" % (what, text))
+    return int(v)
+
+
+def seq_ints(m, keys):
+    return OrderedDict((k, int(m.group(k))) for k in keys)
+
+
+def check_packed_bytes(path, lineno, nbytes, seq):
+    """A packed sequence is layers x blocks x one block's bytes
+    (docs/FORMATS.md, "Packed blocks")."""
+    n = seq["layers"] * seq["tokens"] // seq["block_size"]
+    if nbytes % n:
+        fail(path, lineno, "bytes %d is not a whole number of blocks' bytes for %d layers x %d "
+             "blocks" % (nbytes, seq["layers"], seq["tokens"] // seq["block_size"]))
+
+
+def parse_pack(path):
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    run = PackRun(path)
+    part = None  # None, "intro", "table"
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.rstrip()
+        if not line.strip():
+            continue
+        if run.device is None and take_meta(run, line):
+            continue
+        check_no_device(path, lineno, line)
+        if line.startswith(PACK_SKIPPED_PREFIX):
+            fail(path, lineno, "kvpage-bench skipped the pack cases: %r" % line)
+        m = take_device(run, lineno, line)
+        if m:
+            run.copy_gbs = float(m.group("copy"))
+            if run.copy_gbs <= 0:
+                fail(path, lineno, "copy bandwidth is not positive")
+            continue
+        if run.device is None:
+            fail(path, lineno, "not kvpage-bench --pack output before its device line: %r"
+                 % line)
+        if part is None and take_bench_header(run, line):
+            continue
+        m = PACK_INTRO_RE.match(line)
+        if m and part is None:
+            run.seq = seq_ints(m, ("tokens", "blocks", "block_size", "pool", "layers", "hq",
+                                   "hkv", "d", "calls"))
+            s = run.seq
+            if min(s.values()) < 1 or s["blocks"] * s["block_size"] != s["tokens"]:
+                fail(path, lineno, "%d blocks of %d tokens are not a %d-token sequence"
+                     % (s["blocks"], s["block_size"], s["tokens"]))
+            if s["calls"] != s["layers"]:
+                fail(path, lineno, "by layer = %d calls for %d layers" % (s["calls"], s["layers"]))
+            part = "intro"
+            continue
+        if line.startswith(PACK_INTRO_PREFIX):
+            fail(path, lineno, "not the pack table's introduction as kvpage-bench prints it: %r"
+                 % line)
+        if line.startswith("|"):
+            c = cells(line)
+            if part == "intro":
+                if c != PACK_HEADER:
+                    fail(path, lineno, "not kvpage-bench's pack table header: %r" % line)
+                part = "table"
+                continue
+            if part != "table":
+                fail(path, lineno, "a table before the pack table's introduction: %r" % line)
+            if not is_rule(c):
+                parse_pack_row(run, lineno, c)
+            continue
+        if line.startswith(ATTEND_INTRO_PREFIX):
+            fail(path, lineno, "kvp_attend cases (kvpage-bench --attend or --all): pass a "
+                 "--pack run with --pack, its attend cases with --attend")
+        fail(path, lineno, "not kvpage-bench --pack output: %r" % line)
+    if run.device is None:
+        fail(path, 0, "no device line (\"device: ..., N SMs, L2 M MiB | copy bandwidth ...\")")
+    if run.seq is None:
+        fail(path, 0, "no \"kvp_cache_pack / kvp_cache_unpack of ...\" line: not a --pack run")
+    if not run.rows:
+        fail(path, 0, "no measurements (no pack table rows)")
+    return run
+
+
+def parse_pack_row(run, lineno, c):
+    path = run.path
+    check_width(path, lineno, c, PACK_HEADER, TRUNCATED)
+    row = {"dtype": c[0], "bytes": int_cell(path, lineno, c[1], "bytes"), "lineno": lineno}
+    # Columns: time, then GB/s (the one-call times only), then of copy BW.
+    col = 2
+    for key, what in PACK_TIMES:
+        row[key] = num(path, lineno, c[col], what + " time")
+        col += 1
+        if key.endswith("_all"):
+            row[key + "_gbs"] = num(path, lineno, c[col], what + " GB/s")
+            col += 1
+        row[key + "_frac"] = pct(path, lineno, c[col], what + " of copy BW")
+        col += 1
+        if row[key] <= 0:
+            fail(path, lineno, "%s time is not positive" % what)
+    if row["dtype"] not in DTYPES:
+        fail(path, lineno, "unknown KV dtype %r" % row["dtype"])
+    check_packed_bytes(path, lineno, row["bytes"], run.seq)
+    for key, what in PACK_TIMES:
+        # GB/s = 2 x bytes / time (read + write); the time is printed %.1f us.
+        us = row[key]
+        gbs = 2.0 * row["bytes"] / (us * 1e3)
+        rel = 0.05 / us
+        if key.endswith("_all"):
+            check_derived(path, lineno, row[key + "_gbs"], 0.5, gbs, rel,
+                          "%s GB/s %.0f does not match 2 x bytes %d / time %.1f us (%.1f)"
+                          % (what, row[key + "_gbs"], row["bytes"], us, gbs))
+            check_copy_frac(path, lineno, row[key + "_frac"], row[key + "_gbs"], 0.5,
+                            run.copy_gbs, what + " of copy BW")
+        else:
+            check_copy_frac(path, lineno, row[key + "_frac"], gbs, gbs * rel, run.copy_gbs,
+                            what + " of copy BW",
+                            "2 x bytes %d / time %.1f us" % (row["bytes"], us))
+    check_once(path, lineno, run.rows, row, ("dtype",))
+    run.rows.append(row)
+
+
+def parse_transfer(path):
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    t = Transfer(path)
+    part = None  # None, "intro", "table"
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.rstrip()
+        if not line.strip():
+            continue
+        if part is None and t.seq is None and take_meta(t, line):
+            continue
+        m = TRANSFER_INTRO_RE.match(line)
+        if m and part is None:
+            t.seq = seq_ints(m, ("tokens", "layers", "hq", "hkv", "d", "block_size", "src", "dst",
+                                 "iters"))
+            s = t.seq
+            if min(s["tokens"], s["layers"], s["hq"], s["hkv"], s["d"], s["block_size"],
+                   s["iters"]) < 1 or s["tokens"] % s["block_size"]:
+                fail(path, lineno, "a sequence that is not whole blocks, or a size that is not "
+                     "positive")
+            if s["src"] == s["dst"]:
+                fail(path, lineno, "GPU %d -> GPU %d: one GPU, not a move between two"
+                     % (s["src"], s["dst"]))
+            part = "intro"
+            continue
+        if line.startswith("|"):
+            c = cells(line)
+            if part == "intro":
+                if c != TRANSFER_HEADER:
+                    fail(path, lineno, "not kvpage-disaggregated's bench table header: %r" % line)
+                part = "table"
+                continue
+            if part != "table":
+                fail(path, lineno, "a table before the bench table's introduction: %r" % line)
+            if not is_rule(c):
+                parse_transfer_row(t, lineno, c)
+            continue
+        fail(path, lineno, "not kvpage-disaggregated --bench output: %r" % line)
+    if t.seq is None:
+        fail(path, 0, "no \"one N-token sequence, ...\" line: not a --bench run")
+    if not t.rows:
+        fail(path, 0, "no measurements (no bench table rows)")
+    m = KIND_RE.search(t.meta.get("command", ""))
+    if not m:
+        fail(path, 0, "no machine kind in the command line (e.g. \"# command: ... "
+             "(nvidia-h100-x2)\"): the output names no device")
+    t.kind, t.model = m.group("kind"), m.group("model")
+    return t
+
+
+def parse_transfer_row(t, lineno, c):
+    path = t.path
+    check_width(path, lineno, c, TRANSFER_HEADER, TRUNCATED)
+    row = {"dtype": c[0], "bytes": int_cell(path, lineno, c[1], "bytes"),
+           "nccl_ms": num(path, lineno, c[2], "NCCL alone time"),
+           "nccl_gbs": num(path, lineno, c[3], "NCCL alone GB/s"),
+           "e2e_ms": num(path, lineno, c[4], "end to end time"),
+           "e2e_gbs": num(path, lineno, c[5], "end to end GB/s"),
+           "frac": pct(path, lineno, c[6], "of NCCL"), "lineno": lineno}
+    if row["dtype"] not in DTYPES:
+        fail(path, lineno, "unknown KV dtype %r" % row["dtype"])
+    if row["nccl_ms"] <= 0 or row["e2e_ms"] <= 0:
+        fail(path, lineno, "a time that is not positive")
+    check_packed_bytes(path, lineno, row["bytes"], t.seq)
+    # GB/s = bytes / time (printed %.3f ms, GB/s %.1f); of NCCL = NCCL
+    # alone's time / end to end's.
+    for key, what in (("nccl", "NCCL alone"), ("e2e", "end to end")):
+        ms = row[key + "_ms"]
+        gbs = row["bytes"] / (ms * 1e6)
+        check_derived(path, lineno, row[key + "_gbs"], 0.05, gbs, 0.0005 / ms,
+                      "%s GB/s %.1f does not match bytes %d / time %.3f ms (%.2f)"
+                      % (what, row[key + "_gbs"], row["bytes"], ms, gbs))
+    expect = 100.0 * row["nccl_ms"] / row["e2e_ms"]
+    check_derived(path, lineno, row["frac"], 0.051, expect,
+                  0.0005 / row["nccl_ms"] + 0.0005 / row["e2e_ms"],
+                  "of NCCL %.1f%% does not match NCCL alone %.3f ms / end to end %.3f ms (%.2f%%)"
+                  % (row["frac"], row["nccl_ms"], row["e2e_ms"], expect))
+    check_once(path, lineno, t.rows, row, ("dtype",))
+    t.rows.append(row)
+
+
+def check_same_bytes(pack, transfer):
+    """Where the pack run and the transfer move the same sequence (tokens,
+    layers, heads, head size, block size), a KV dtype's bytes are the same
+    in both."""
+    keys = ("tokens", "layers", "hq", "hkv", "d", "block_size")
+    if any(pack.seq[k] != transfer.seq[k] for k in keys):
+        return
+    packed = {r["dtype"]: r for r in pack.rows}
+    for r in transfer.rows:
+        p = packed.get(r["dtype"])
+        if p is not None and p["bytes"] != r["bytes"]:
+            fail(transfer.path, r["lineno"], "%s: %d bytes where %s:%d packs the same sequence "
+                 "in %d" % (r["dtype"], r["bytes"], pack.path, p["lineno"], p["bytes"]))
+
+
+# ---------------------------------------------------------------------------
 # The page
 # ---------------------------------------------------------------------------
 
@@ -1278,6 +1582,118 @@ def attend_peers_part(p, out):
         out.append("")
 
 
+def fmt_mib(nbytes):
+    mib = nbytes / 2.0 ** 20
+    return "%.0f" % mib if mib == int(mib) else "%.1f" % mib
+
+
+def and_list(items):
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def fmt_range(values):
+    """"a%" or "lo–hi%" of printed percentages."""
+    lo, hi = min(values), max(values)
+    return "%.1f%%" % lo if lo == hi else "%.1f–%.1f%%" % (lo, hi)
+
+
+def move_section(device, pack, transfer, out):
+    """kvp_cache_pack / kvp_cache_unpack: a kvpage-bench --pack run and a
+    kvpage-disaggregated --bench output of one device (either may be None)."""
+    out.append("### Moving KV between caches (kvp_cache_pack / kvp_cache_unpack)")
+    out.append("")
+    if pack is not None:
+        out.append("- `kvpage-bench --pack`, %s; %d SMs, L2 %d MiB, copy bandwidth %.0f GB/s "
+                   "(1 GiB device-to-device, read + write, same run); %s." % (
+                       ", ".join(run_desc(pack)), pack.sms, pack.l2_mib, pack.copy_gbs,
+                       raw_link(pack)))
+        run_lines(pack, [], out)
+    if transfer is not None:
+        s = transfer.seq
+        out.append("- `kvpage-disaggregated --bench`, %s; machine %s (from the command line: the "
+                   "output names no device), "
+                   "GPU %d -> GPU %d; %s." % (", ".join(run_desc(transfer)), transfer.kind,
+                                              s["src"], s["dst"], raw_link(transfer)))
+        out.append("  Command: `%s`." % transfer.meta["command"])
+        note_quote(transfer, out)
+    out.append("")
+    if pack is not None:
+        pack_part(pack, out)
+    if transfer is not None:
+        transfer_part(transfer, out)
+
+
+def pack_part(r, out):
+    s = r.seq
+    out.append("`kvp_cache_pack` of a %d-token sequence (%d blocks of %d tokens, shuffled in a "
+               "pool of %d), %d layers, GQA %d/%d, head size %d, into one buffer, and "
+               "`kvp_cache_unpack` of it into other blocks of the pool: every layer in one call "
+               "(all) and one call per layer (by layer, %d calls); graph times in us. MiB: the "
+               "packed sequence, every layer; GB/s = 2 x bytes / time (read + write, as the copy "
+               "bandwidth); of copy BW: against %.0f GB/s:"
+               % (s["tokens"], s["blocks"], s["block_size"], s["pool"], s["layers"], s["hq"],
+                  s["hkv"], s["d"], s["calls"], r.copy_gbs))
+    out.append("")
+    table_head(["KV", "MiB", "pack all (us)", "GB/s", "of copy BW", "unpack all (us)", "GB/s",
+                "of copy BW", "pack by layer (us)", "of copy BW", "unpack by layer (us)",
+                "of copy BW"], out)
+    for x in r.rows:
+        c = [x["dtype"], fmt_mib(x["bytes"])]
+        for key, _ in PACK_TIMES:
+            c.append(fmt_us(x[key]))
+            if key.endswith("_all"):
+                c.append("%.0f" % x[key + "_gbs"])
+            c.append("%.1f%%" % x[key + "_frac"])
+        out.append("| " + " | ".join(c) + " |")
+    out.append("")
+    below = ["%s %s (%.1f%%)" % (x["dtype"].upper(), what, x[key + "_frac"])
+             for key, what in PACK_TIMES for x in r.rows if x[key + "_frac"] < PACK_TARGET]
+    ranges = ["%s %s" % (what, fmt_range([x[key + "_frac"] for x in r.rows]))
+              for key, what in PACK_TIMES]
+    out.append("Target: pack and unpack at %.0f%% of the copy bandwidth or more; here %s and %s "
+               "of it; %s." % (PACK_TARGET, ", ".join(ranges[:-1]), ranges[-1],
+                               "below the target: " + and_list(below) if below
+                               else "every row at or above the target"))
+    out.append("")
+
+
+def transfer_part(t, out):
+    s = t.seq
+    out.append("`kvpage-disaggregated` (examples/disaggregated/README.md) moves one %d-token "
+               "sequence (%d layers, GQA %d/%d, head size %d, block size %d) from GPU %d to GPU "
+               "%d: end to end, from the first `kvp_cache_pack` to the last `kvp_cache_unpack`, "
+               "layer by layer through `ncclSend` / `ncclRecv`; NCCL alone, the same bytes in "
+               "the same per-layer messages. Times in ms on the decode rank, median of %d; MiB: "
+               "the packed sequence; GB/s = bytes / time; of NCCL = NCCL alone's time / end to "
+               "end's:"
+               % (s["tokens"], s["layers"], s["hq"], s["hkv"], s["d"], s["block_size"], s["src"],
+                  s["dst"], s["iters"]))
+    out.append("")
+    table_head(["KV", "MiB", "NCCL alone (ms)", "GB/s", "end to end (ms)", "GB/s", "of NCCL"],
+               out)
+    for x in t.rows:
+        out.append("| %s | %s | %.3f | %.1f | %.3f | %.1f | %.1f%% |" % (
+            x["dtype"], fmt_mib(x["bytes"]), x["nccl_ms"], x["nccl_gbs"], x["e2e_ms"],
+            x["e2e_gbs"], x["frac"]))
+    out.append("")
+    by = {x["dtype"]: x for x in t.rows}
+    fracs = ", ".join("%s %.1f%%%s" % (x["dtype"].upper(), x["frac"],
+                                       " (below the target)" if x["frac"] < TRANSFER_TARGET
+                                       else "")
+                      for x in t.rows)
+    if "bf16" in by and "int4" in by:
+        ratio = by["bf16"]["e2e_ms"] / by["int4"]["e2e_ms"]
+        speed = "here %.2fx (BF16 %.3f ms / INT4 %.3f ms)%s" % (
+            ratio, by["bf16"]["e2e_ms"], by["int4"]["e2e_ms"],
+            ", below the target" if ratio < INT4_TARGET else "")
+    else:
+        speed = "not measured here (the table lacks BF16 or INT4)"
+    out.append("Targets: end to end at %.0f%% of NCCL's bandwidth for the same bytes or more, "
+               "here %s; and INT4 at least %.0fx faster than BF16 end to end, %s."
+               % (TRANSFER_TARGET, fracs, INT4_TARGET, speed))
+    out.append("")
+
+
 def rel_link(path):
     # The page lives in docs/; inputs usually in docs/perf/.
     p = path.replace("\\", "/")
@@ -1400,19 +1816,51 @@ ATTEND_PAGE = """\
   --attend-peers docs/perf/h100-compare-torch-attend.txt \\
 """
 
+PACK_REPRODUCE = """\
+# moving KV between caches: pack and unpack on one GPU
+{ echo "# date: $(date -u +%F)"; echo "# build: $(git rev-parse --short HEAD)"
+  echo "# command: LD_LIBRARY_PATH=.gpu .gpu/kvpage-bench --pack"
+  LD_LIBRARY_PATH=.gpu .gpu/kvpage-bench --pack; } > docs/perf/h100-kvpage-pack.txt
+"""
 
-def method_text(attend):
+TRANSFER_REPRODUCE = """\
+# and GPU 0 -> GPU 1 through NCCL on a two-GPU machine (a build with
+# -DKVPAGE_BUILD_NCCL_EXAMPLE=ON; examples/disaggregated/README.md):
+{ echo "# date: $(date -u +%F)"; echo "# build: $(git rev-parse --short HEAD)"
+  echo "# command: build/examples/kvpage-disaggregated --bench --gpus 0,1 (nvidia-h100-x2)"
+  build/examples/kvpage-disaggregated --bench --gpus 0,1; } > docs/perf/h100-disaggregated.txt
+"""
+
+PACK_PAGE = """\
+  --pack docs/perf/h100-kvpage-pack.txt \\
+"""
+
+TRANSFER_PAGE = """\
+  --transfer docs/perf/h100-disaggregated.txt \\
+"""
+
+
+def method_text(attend, pack=False, transfer=False):
     """The method section; its attend parts only where the page has attend
-    sections, so that a page without them is what it was before them."""
+    sections, so that a page without them is what it was before them (and
+    the same for the pack and transfer options of the page's command)."""
     parts = [METHOD, "\n"]
     if attend:
         parts += [ATTEND_METHOD, "\n"]
     parts.append(METHOD_REPRODUCE)
     if attend:
         parts.append(ATTEND_REPRODUCE)
+    if pack:
+        parts.append(PACK_REPRODUCE)
+    if transfer:
+        parts.append(TRANSFER_REPRODUCE)
     parts.append(METHOD_PAGE)
     if attend:
         parts.append(ATTEND_PAGE)
+    if pack:
+        parts.append(PACK_PAGE)
+    if transfer:
+        parts.append(TRANSFER_PAGE)
     parts.append(METHOD_PAGE_END)
     return "".join(parts)
 
@@ -1427,11 +1875,30 @@ def one_per_device(items, what):
     return by
 
 
-def render(runs, peers, attend_runs=(), attend_peers=()):
+def transfers_by_device(transfers, devices):
+    """Each transfer's device: the one of the page whose name has the GPU
+    model of the transfer's machine kind (nvidia-h100-x2: H100)."""
+    by = OrderedDict()
+    for t in transfers:
+        hits = [d for d in devices if re.search(r"\b%s\b" % re.escape(t.model), d, re.I)]
+        if len(hits) != 1:
+            raise ParseError("%s: machine kind %s: %s on the page (%s); pass a --pack or "
+                             "decode run of its device" % (
+                                 t.path, t.kind, "no %s device" % t.model.upper() if not hits
+                                 else "%d %s devices" % (len(hits), t.model.upper()),
+                                 ", ".join(devices) or "none"))
+        if hits[0] in by:
+            raise ParseError("%s and %s: two --transfer outputs for %s; pass one"
+                             % (by[hits[0]].path, t.path, hits[0]))
+        by[hits[0]] = t
+    return by
+
+
+def render(runs, peers, attend_runs=(), attend_peers=(), packs=(), transfers=()):
     out = ["# Performance", ""]
     out.append("<!-- Generated by scripts/perf_page.py from %s; do not edit by hand. -->"
                % ", ".join(r.path for r in list(runs) + list(peers) + list(attend_runs)
-                           + list(attend_peers)))
+                           + list(attend_peers) + list(packs) + list(transfers)))
     out.append("")
     out.append("What kvpage's CUDA decode and cache write measure today: the numbers of the "
                "latest `kvpage-bench` run on each device, with the method below. How the "
@@ -1454,9 +1921,14 @@ def render(runs, peers, attend_runs=(), attend_peers=()):
     attend_by_device = one_per_device(attend_runs, "--attend runs")
     attend_peers_by_device = one_per_device(attend_peers, "--attend-peers outputs")
     devices = list(by_device) + [d for d in peers_by_device if d not in by_device]
-    for d in list(attend_by_device) + list(attend_peers_by_device):
+    pack_by_device = one_per_device(packs, "--pack runs")
+    for d in list(attend_by_device) + list(attend_peers_by_device) + list(pack_by_device):
         if d not in devices:
             devices.append(d)
+    transfer_by_device = transfers_by_device(transfers, devices)
+    for device, t in transfer_by_device.items():
+        if device in pack_by_device:
+            check_same_bytes(pack_by_device[device], t)
     for device in devices:
         if device in by_device:
             dup = {}
@@ -1478,7 +1950,9 @@ def render(runs, peers, attend_runs=(), attend_peers=()):
         if device in attend_by_device or device in attend_peers_by_device:
             attend_section(device, attend_by_device.get(device),
                            attend_peers_by_device.get(device), out)
-    out.append(method_text(bool(attend)))
+        if device in pack_by_device or device in transfer_by_device:
+            move_section(device, pack_by_device.get(device), transfer_by_device.get(device), out)
+    out.append(method_text(bool(attend), bool(packs), bool(transfers)))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -1492,6 +1966,11 @@ def main(argv):
     ap.add_argument("--attend-peers", action="append", default=[], metavar="COMPARE",
                     help="bench/compare_torch.py --attend output (stdout or "
                     "compare_torch_attend.md), one per device")
+    ap.add_argument("--pack", action="append", default=[], metavar="PACK_RUN",
+                    help="raw kvpage-bench --pack output (text), one per device")
+    ap.add_argument("--transfer", action="append", default=[], metavar="TRANSFER",
+                    help="raw kvpage-disaggregated --bench output, its machine kind in its "
+                    "\"# command:\" line, one per device")
     ap.add_argument("-o", "--output", help="write the page here instead of stdout")
     args = ap.parse_args(argv)
     try:
@@ -1499,7 +1978,9 @@ def main(argv):
         peers = [parse_peers(p) for p in args.peers]
         attend_runs = [parse_attend(p) for p in args.attend]
         attend_peers = [parse_attend_peers(p) for p in args.attend_peers]
-        page = render(runs, peers, attend_runs, attend_peers)
+        packs = [parse_pack(p) for p in args.pack]
+        transfers = [parse_transfer(p) for p in args.transfer]
+        page = render(runs, peers, attend_runs, attend_peers, packs, transfers)
     except (ParseError, OSError, UnicodeDecodeError) as e:
         print("perf_page.py: %s" % e, file=sys.stderr)
         return 1
