@@ -55,6 +55,10 @@ DecodeTuning DecodeTuningFromEnvironment() {
       t.partition_size = n;
     }
   }
+  if (const char* v = std::getenv("KVPAGE_ATTEND_ITEMS_PER_SM")) {
+    int32_t n = 0;
+    if (absl::SimpleAtoi(v, &n) && n >= 1 && n <= 64) t.attend_items_per_sm = n;
+  }
   if (const char* v = std::getenv("KVPAGE_DECODE_PREFETCH")) {
     // One number sets both distances; "K,V" each.
     const std::vector<absl::string_view> parts = absl::StrSplit(v, ',');
@@ -176,10 +180,16 @@ DecodeWorkspaceLayout PlanWorkspace(const CacheGeometry& geo, const DecodeCapaci
 
 namespace {
 
-// Work items per SM the split-KV schedule aims at: two resident blocks of
-// the attention kernel (its shared memory allows two at head sizes up to
-// 128), two waves of them.
-constexpr int32_t kAttendItemsPerSm = 4;
+// Work items per SM the split-KV schedule aims at: one wave, as many as an
+// SM holds blocks of the kernel (mma.sync: two, by registers; wgmma: one,
+// by registers and shared memory). Measured on the H100 (GQA 32/8, D=128,
+// short chunks over 8k-32k contexts): wgmma BF16 4x16 over 8k 178.8 ->
+// 114.8 us and 1x16 over 32k 260.3 -> 120.1 us going from 4 items an SM
+// to 1, 4x64 over 8k 275.3 -> 277.0 (2 gives 237.0 there but 137.1 and
+// 176.5 on the others); mma.sync INT8 at 2 rather than 4: 273.5 -> 244.3,
+// 352.3 -> 248.2, 500.1 -> 513.6 us; long chunks within 2%.
+constexpr int32_t kAttendItemsPerSmWarpMma = 2;
+constexpr int32_t kAttendItemsPerSmWarpgroupMma = 1;
 // A split span covers at least this many KV tokens, so that the merge's
 // round trip stays small beside the span's work.
 constexpr int32_t kAttendMinSplitTokens = 512;
@@ -213,7 +223,13 @@ AttendPlan PlanAttend(const CacheGeometry& geo, const DecodeCapacity& cap,
                         std::min(cap.max_num_seqs, cap.max_query_tokens);
   plan.max_tiles = static_cast<int32_t>(std::min<int64_t>(tiles, INT32_MAX / 2));
   const int64_t target =
-      geo.num_kv_heads > 0 ? int64_t{device.num_sms} * kAttendItemsPerSm / geo.num_kv_heads : 0;
+      geo.num_kv_heads > 0
+          ? int64_t{device.num_sms} *
+                (tuning.attend_items_per_sm > 0                   ? tuning.attend_items_per_sm
+                 : loop == kernels::AttendMainloop::kWarpgroupMma ? kAttendItemsPerSmWarpgroupMma
+                                                                  : kAttendItemsPerSmWarpMma) /
+                geo.num_kv_heads
+          : 0;
   plan.split_items = tuning.attend_split ? static_cast<int32_t>(std::max<int64_t>(target, 0)) : 0;
   plan.min_split_tokens = kAttendMinSplitTokens;
   plan.max_items = std::max(plan.max_tiles, plan.split_items);

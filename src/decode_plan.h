@@ -72,6 +72,9 @@ struct DecodeTuning {
   // KVPAGE_ATTEND_WGMMA=0: kvp_attend runs the mma.sync mainloop on Hopper
   // too.
   bool attend_wgmma = true;
+  // KVPAGE_ATTEND_ITEMS_PER_SM=N (1..64): the split-KV schedule aims at N
+  // work items per SM; 0: the plan's.
+  int32_t attend_items_per_sm = 0;
 };
 
 // The tuning the KVPAGE_* environment variables ask for (README.md's table);

@@ -390,9 +390,13 @@ TEST(AttendPlan, PinnedForTheH100) {
   // 8192 tokens x 4 heads of a group / 128 rows, plus one partial tile for
   // each of 256 sequences.
   EXPECT_EQ(p.max_tiles, 256 + 256);
-  EXPECT_EQ(p.split_items, 132 * 4 / 8);
+  EXPECT_EQ(p.split_items, 132 * 1 / 8);  // one wave of the wgmma kernel's one block an SM
   EXPECT_EQ(p.max_items, 512);
   EXPECT_EQ(p.min_split_tokens, 512);
+  DecodeTuning three;
+  three.attend_items_per_sm = 3;
+  EXPECT_EQ(PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, three).split_items,
+            132 * 3 / 8);
   DecodeTuning no_split;
   no_split.attend_split = false;
   const AttendPlan q = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, no_split);
@@ -403,7 +407,7 @@ TEST(AttendPlan, PinnedForTheH100) {
   // MQA: the split target is per KV head.
   EXPECT_EQ(
       PlanAttend(AttendGeometry(kINT4, kINT4, 256, 1), cap, kH100, DecodeTuning{}).split_items,
-      528);
+      264);
   EXPECT_EQ(PlanAttend(AttendGeometry(kINT4, kINT4, 256, 1), cap, kH100, DecodeTuning{}).tile_rows,
             64);
   // The mma.sync mainloop: head sizes without a warpgroup tile, sides of
