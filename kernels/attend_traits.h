@@ -88,35 +88,32 @@ KVP_HOST_DEVICE constexpr bool AttendWarpgroupServes(int head_size, OperandKind 
 }
 
 // Shared memory of one block, in bytes from the start of the dynamic
-// region.
+// region. kWarpMma: each region 128-byte aligned; 16-bit operand tiles
+// have rows padded by 16 bytes, so that the eight rows one ldmatrix reads
+// fall into eight different 16-byte bank groups at every head size (a row
+// pitch of an odd number of 16-byte units). kWarpgroupMma: each region
+// 1024-byte aligned, operand tiles unpadded and swizzled (the swizzle
+// spreads the rows over the banks).
 //   q          [rows][head_size (+ 8)] 16-bit (K's operand type)
-//   stage s    (`stages` of them) what a step's products read: the operand
-//              tiles K [tokens][head_size (+ 8)] and V [head_size][tokens
-//              (+ 8)], and (kWarpgroupMma) the FP32 scales k_scale, k_min,
-//              v_scale, v_min [tokens] each
-//   raw r      where a step's pages of sides of codes land as the cache
-//              holds them: K [chunk][token][16 bytes], V [channel][token
-//              codes], K and V scale entries [token]. kWarpMma: stage s
-//              itself (the operand tiles of sides of codes are then one
-//              k_operand / v_operand pair, and the FP32 scales one `scales`
-//              region); kWarpgroupMma: two slots of their own
+//   stage s    (`stages` of them): K, V, K scales, V scales as the
+//              cache holds them for kCodes sides, or the operand tiles of
+//              kBf16 / kFp16 sides
+//   k_operand  [tokens][head_size (+ 8)], v_operand [head_size][tokens (+ 8)]
+//              (kCodes sides: the converted stage; else absent)
+//   scales     FP32 k_scale, k_min, v_scale, v_min [tokens] each
+//              (kWarpMma; the warpgroup mainloop serves 16-bit sides)
 //   q_sum      FP32 [rows]: each row's sum of q (INT4 K's min term)
 //   barriers   kWarpgroupMma: mbarriers full[stages], empty[stages]
-// kWarpMma: each region 128-byte aligned; 16-bit tile rows padded by 16
-// bytes, so that the eight rows one ldmatrix reads fall into eight
-// different 16-byte bank groups at every head size (a row pitch of an odd
-// number of 16-byte units). kWarpgroupMma: each region 1024-byte aligned,
-// tiles unpadded and swizzled, starting at the first 1024-byte boundary of
-// the dynamic shared memory (the swizzle is of absolute addresses): its
+// kWarpgroupMma's regions start at the first 1024-byte boundary of the
+// dynamic shared memory (the swizzle is of absolute addresses): its
 // `bytes` hold 1024 more for that.
+
 struct AttendSmemLayout {
   int64_t q = 0;
-  int64_t stage_base = 0, stage_bytes = 0;             // stage s at stage_base + s * stage_bytes
-  int64_t stage_k = 0, stage_v = 0, stage_scales = 0;  // within a stage
-  int64_t raw_base = 0, raw_bytes = 0;                 // raw slot r at raw_base + r * raw_bytes
-  int64_t raw_k = 0, raw_v = 0, raw_k_scales = 0, raw_v_scales = 0;  // within a raw slot
-  int64_t k_operand = 0, v_operand = 0;                              // kWarpMma, sides of codes
-  int64_t scales = 0;                                                // kWarpMma
+  int64_t stage_base = 0, stage_bytes = 0;  // stage s at stage_base + s * stage_bytes
+  int64_t stage_k = 0, stage_v = 0, stage_k_scales = 0, stage_v_scales = 0;  // within a stage
+  int64_t k_operand = 0, v_operand = 0;
+  int64_t scales = 0;
   int64_t q_sum = 0;
   int64_t barriers = 0;
   int64_t bytes = 0;
@@ -136,50 +133,30 @@ KVP_HOST_DEVICE constexpr AttendSmemLayout AttendLayout(
   const int64_t v_tile = int64_t{head_size} * (t.tokens + pad) * 2;
   // Codes of 8 bits or fewer: at most one byte per element; scale entries
   // of at most 4 bytes per token.
-  const int64_t codes = int64_t{t.tokens} * head_size;
-  const int64_t entries = AttendAlignTo(int64_t{t.tokens} * 4, align);
-  const int64_t scales = AttendAlignTo(int64_t{t.tokens} * 4 * 4, align);
-  const bool k_codes = k == OperandKind::kCodes;
-  const bool v_codes = v == OperandKind::kCodes;
+  const int64_t k_codes = int64_t{t.tokens} * head_size;
+  const int64_t v_codes = int64_t{t.tokens} * head_size;
+  const bool k_codes_side = k == OperandKind::kCodes;
+  const bool v_codes_side = v == OperandKind::kCodes;
   AttendSmemLayout l;
   int64_t at = 0;
   l.q = at;
   at += AttendAlignTo(int64_t{t.rows} * (head_size + pad) * 2, align);
-  // A raw slot (offsets within it); kWarpMma's 16-bit sides land in their
-  // operand tiles there.
-  int64_t raw = 0;
-  l.raw_k = raw;
-  raw += AttendAlignTo(k_codes ? codes : swizzled ? 0 : k_tile, align);
-  l.raw_v = raw;
-  raw += AttendAlignTo(v_codes ? codes : swizzled ? 0 : v_tile, align);
-  l.raw_k_scales = raw;
-  raw += k_codes ? entries : 0;
-  l.raw_v_scales = raw;
-  raw += v_codes ? entries : 0;
+  l.stage_k = 0;
+  l.stage_v = AttendAlignTo(k_codes_side ? k_codes : k_tile, align);
+  l.stage_k_scales = l.stage_v + AttendAlignTo(v_codes_side ? v_codes : v_tile, align);
+  l.stage_v_scales =
+      l.stage_k_scales + (k_codes_side ? AttendAlignTo(int64_t{t.tokens} * 4, align) : 0);
+  const int64_t stage_bytes =
+      l.stage_v_scales + (v_codes_side ? AttendAlignTo(int64_t{t.tokens} * 4, align) : 0);
   l.stage_base = at;
-  if (!swizzled) {
-    l.stage_k = l.raw_k;
-    l.stage_v = l.raw_v;
-    l.stage_bytes = raw;
-    l.raw_base = l.stage_base;
-    l.raw_bytes = raw;
-    at += t.stages * raw;
-    l.k_operand = at;
-    at += k_codes ? AttendAlignTo(k_tile, align) : 0;
-    l.v_operand = at;
-    at += v_codes ? AttendAlignTo(v_tile, align) : 0;
-    l.scales = at;
-    at += scales;
-  } else {
-    l.stage_k = 0;
-    l.stage_v = AttendAlignTo(k_tile, align);
-    l.stage_scales = l.stage_v + AttendAlignTo(v_tile, align);
-    l.stage_bytes = l.stage_scales + (k_codes || v_codes ? scales : 0);
-    at += t.stages * l.stage_bytes;
-    l.raw_base = at;
-    l.raw_bytes = raw;
-    at += (k_codes || v_codes ? 2 : 0) * raw;
-  }
+  l.stage_bytes = stage_bytes;
+  at += t.stages * stage_bytes;
+  l.k_operand = at;
+  at += k_codes_side ? AttendAlignTo(k_tile, align) : 0;
+  l.v_operand = at;
+  at += v_codes_side ? AttendAlignTo(v_tile, align) : 0;
+  l.scales = at;
+  at += swizzled ? 0 : AttendAlignTo(int64_t{t.tokens} * 4 * 4, align);
   l.q_sum = at;
   at += AttendAlignTo(int64_t{t.rows} * 4, align);
   l.barriers = at;

@@ -75,13 +75,8 @@ struct VarlenAttention {
     static constexpr int64_t stage_bytes = AttendLayout(kD, kK, kV, kLoop).stage_bytes;
     static constexpr int64_t stage_k = AttendLayout(kD, kK, kV, kLoop).stage_k;
     static constexpr int64_t stage_v = AttendLayout(kD, kK, kV, kLoop).stage_v;
-    static constexpr int64_t stage_scales = AttendLayout(kD, kK, kV, kLoop).stage_scales;
-    static constexpr int64_t raw_base = AttendLayout(kD, kK, kV, kLoop).raw_base;
-    static constexpr int64_t raw_bytes = AttendLayout(kD, kK, kV, kLoop).raw_bytes;
-    static constexpr int64_t raw_k = AttendLayout(kD, kK, kV, kLoop).raw_k;
-    static constexpr int64_t raw_v = AttendLayout(kD, kK, kV, kLoop).raw_v;
-    static constexpr int64_t raw_k_scales = AttendLayout(kD, kK, kV, kLoop).raw_k_scales;
-    static constexpr int64_t raw_v_scales = AttendLayout(kD, kK, kV, kLoop).raw_v_scales;
+    static constexpr int64_t stage_k_scales = AttendLayout(kD, kK, kV, kLoop).stage_k_scales;
+    static constexpr int64_t stage_v_scales = AttendLayout(kD, kK, kV, kLoop).stage_v_scales;
     static constexpr int64_t k_operand = AttendLayout(kD, kK, kV, kLoop).k_operand;
     static constexpr int64_t v_operand = AttendLayout(kD, kK, kV, kLoop).v_operand;
     static constexpr int64_t scales = AttendLayout(kD, kK, kV, kLoop).scales;
@@ -155,20 +150,16 @@ struct VarlenAttention {
     __device__ uint8_t* stage(int s) const {
       return base + Layout::stage_base + s * Layout::stage_bytes;
     }
-    __device__ uint8_t* raw(int r) const { return base + Layout::raw_base + r * Layout::raw_bytes; }
     __device__ uint16_t* k_tile(int s) const {
-      return reinterpret_cast<uint16_t*>(kKCodes && !kWarpgroup ? base + Layout::k_operand
-                                                                : stage(s) + Layout::stage_k);
+      return reinterpret_cast<uint16_t*>(kKCodes ? base + Layout::k_operand
+                                                 : stage(s) + Layout::stage_k);
     }
     __device__ uint16_t* v_tile(int s) const {
-      return reinterpret_cast<uint16_t*>(kVCodes && !kWarpgroup ? base + Layout::v_operand
-                                                                : stage(s) + Layout::stage_v);
+      return reinterpret_cast<uint16_t*>(kVCodes ? base + Layout::v_operand
+                                                 : stage(s) + Layout::stage_v);
     }
-    // k_scale, k_min, v_scale, v_min [kTokens] each, of stage s's step.
-    __device__ float* scales(int s) const {
-      return reinterpret_cast<float*>(kWarpgroup ? stage(s) + Layout::stage_scales
-                                                 : base + Layout::scales);
-    }
+    // k_scale, k_min, v_scale, v_min [kTokens] each, of the step.
+    __device__ float* scales() const { return reinterpret_cast<float*>(base + Layout::scales); }
     __device__ float* q_sum() const { return reinterpret_cast<float*>(base + Layout::q_sum); }
     // kWarpgroupMma: stage s holds its step's pages (the producer's
     // arrivals) / is free again (every computing thread's).
@@ -309,15 +300,14 @@ struct VarlenAttention {
     return {base, token & (p.geo.block_size - 1), id >= 0};
   }
 
-  // cp.async of a step (block ids `ids`): 16-bit sides into the operand
-  // tiles of stage `s`, sides of codes (the cache's codes and scale
-  // entries: K as [chunk][token][16 bytes], V as [channel][token codes],
-  // scales [token]) into raw slot `r`. Pages past the context land as
-  // zeros.
+  // cp.async of a step (block ids `ids`) into stage `s`: the operand tiles
+  // themselves for 16-bit sides, the cache's codes and scale entries for
+  // sides of codes (K as [chunk][token][16 bytes], V as [channel][token
+  // codes], scales [token]). Pages past the context land as zeros.
   __device__ static void IssueKvStage(const DecodeParams& p, const StepIds& ids, int kvh,
-                                      const Smem& sm, int s, int r) {
+                                      const Smem& sm, int s) {
     const CacheGeometry& g = p.geo;
-    uint8_t* raw = sm.raw(r);
+    uint8_t* stage = sm.stage(s);
     {  // K: 16-byte chunks of the thread's token.
       const int token = KToken();
       const PageSource src =
@@ -328,7 +318,7 @@ struct VarlenAttention {
         const uint8_t* from = src.base + c * chunk_stride + src.in_block * 16;
         uint8_t* to;
         if constexpr (kKCodes) {
-          to = raw + Layout::raw_k + (c * kTokens + token) * 16;
+          to = stage + Layout::stage_k + (c * kTokens + token) * 16;
         } else {
           to = reinterpret_cast<uint8_t*>(sm.k_tile(s) + KAt(token, c * 8));
         }
@@ -340,7 +330,7 @@ struct VarlenAttention {
       const PageSource src =
           SourceOf(p, ids.v, token, g.v_data_offset(), g.v_block_stride(), g.v_head_stride(), kvh);
       if constexpr (kVCodes) {
-        IssueCodeRows(g, src, token, raw + Layout::raw_v);
+        IssueCodeRows(g, src, token, stage + Layout::stage_v);
       } else {
         constexpr int kSpans = kTokens / 8;
         const int64_t channel_stride = g.v_channel_stride();
@@ -352,11 +342,11 @@ struct VarlenAttention {
     }
     if constexpr (kKCodes) {
       IssueScales(p, ids.k_scales, kvh, g.k_scale_offset(), g.k_scale_block_stride(),
-                  g.k_scale_head_stride(), g.k_scale_entry_bytes(), raw + Layout::raw_k_scales);
+                  g.k_scale_head_stride(), g.k_scale_entry_bytes(), stage + Layout::stage_k_scales);
     }
     if constexpr (kVCodes) {
       IssueScales(p, ids.v_scales, kvh, g.v_scale_offset(), g.v_scale_block_stride(),
-                  g.v_scale_head_stride(), g.v_scale_entry_bytes(), raw + Layout::raw_v_scales);
+                  g.v_scale_head_stride(), g.v_scale_entry_bytes(), stage + Layout::stage_v_scales);
     }
   }
 
@@ -406,7 +396,7 @@ struct VarlenAttention {
     for (int t = 0; t <= steps; ++t) {
       if (t < steps) {  // issue step t
         if (t >= kStages) MbarrierWait(sm.empty(t % kStages), (t / kStages - 1) & 1);
-        IssueKvStage(p, ids, kvh, sm, t % kStages, t % 2);
+        IssueKvStage(p, ids, kvh, sm, t % kStages);
         if (t + 1 < steps) ids = LoadStepIds(p, item, item.kv_begin + (t + 1) * kTokens);
       }
       CpAsyncCommit();
@@ -450,18 +440,18 @@ struct VarlenAttention {
     }
   }
 
-  // Raw slot r's codes of sides of codes as the FP16 operand tiles of stage
-  // s, and every token's scale entry as floats (zeros past the context).
-  __device__ static void ConvertKvStage(const DecodeParams& p, const Smem& sm, int r, int s) {
+  // The staged codes of sides of codes as FP16 operand tiles, and every
+  // token's scale entry as floats (zeros past the context).
+  __device__ static void ConvertKvStage(const DecodeParams& p, const Smem& sm, int s) {
     const CacheGeometry& g = p.geo;
-    const uint8_t* raw = sm.raw(r);
-    float* scales = sm.scales(s);
+    const uint8_t* stage = sm.stage(s);
+    float* scales = sm.scales();
     if constexpr (kKCodes) {
       const DType t = g.k_dtype;
       const bool eight = t == DType::kINT4;
       const int per_chunk = 128 / g.k_bits();
       // Words as [chunk][token][4]: word w is token (w / 4) % kTokens.
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(raw + Layout::raw_k);
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + Layout::stage_k);
       for (int w = CopierIndex(); w < g.k_chunks() * kTokens * 4; w += kCopiers) {
         const int chunk = w / (kTokens * 4), token = (w / 4) % kTokens;
         const int d = chunk * per_chunk + (w % 4) * (eight ? 8 : 4);
@@ -470,17 +460,17 @@ struct VarlenAttention {
         CodesToHalves(t, words[w], h);
         StoreHalves(sm.k_tile(s) + KAt(token, d), h, eight);
       }
-      ConvertScales(t, raw + Layout::raw_k_scales, scales, scales + kTokens);
+      ConvertScales(t, stage + Layout::stage_k_scales, scales, scales + kTokens);
     }
     if constexpr (kVCodes) {
       const DType t = g.v_dtype;
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(raw + Layout::raw_v);
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + Layout::stage_v);
       if (t == DType::kINT4) {
         ConvertCodeRows<8>(t, words, sm.v_tile(s));
       } else {
         ConvertCodeRows<4>(t, words, sm.v_tile(s));
       }
-      ConvertScales(t, raw + Layout::raw_v_scales, scales + 2 * kTokens, scales + 3 * kTokens);
+      ConvertScales(t, stage + Layout::stage_v_scales, scales + 2 * kTokens, scales + 3 * kTokens);
     }
   }
 
@@ -587,10 +577,10 @@ struct VarlenAttention {
   // long context), keeps S raw and folds sm_scale * log2(e) into the
   // exponent's FMA; other steps apply every rule (LogitRules).
   __device__ static void SoftmaxStep(const DecodeParams& p, const AttendWorkItem& item, int kvh,
-                                     const Smem& sm, int s, int32_t first, RowState& rs,
-                                     Scores& acc, Output& out) {
+                                     const Smem& sm, int32_t first, RowState& rs, Scores& acc,
+                                     Output& out) {
     float rescale[kSlots];
-    Probabilities(p, item, kvh, sm, s, first, rs, acc, rescale);
+    Probabilities(p, item, kvh, sm, first, rs, acc, rescale);
     RescaleOutput(rescale, out);
   }
 
@@ -609,11 +599,11 @@ struct VarlenAttention {
   // SoftmaxStep but for O: P in place of S, the row state, and the factor
   // O must be rescaled by before P·V is added.
   __device__ static void Probabilities(const DecodeParams& p, const AttendWorkItem& item, int kvh,
-                                       const Smem& sm, int s, int32_t first, RowState& rs,
-                                       Scores& acc, float (&rescale_out)[kSlots]) {
+                                       const Smem& sm, int32_t first, RowState& rs, Scores& acc,
+                                       float (&rescale_out)[kSlots]) {
     const int lane = threadIdx.x % 32;
-    const float* scales = sm.scales(s);
-    if constexpr (kKCodes) ScaleKeyColumns(p, sm, s, acc);
+    const float* scales = sm.scales();
+    if constexpr (kKCodes) ScaleKeyColumns(p, sm, acc);
     const bool plain = p.logits_soft_cap == 0.0f && p.alibi_slopes == nullptr &&
                        first + kTokens - 1 <= rs.warp_min_pos && first >= rs.warp_max_lo;
     float scale;  // acc times this is the logit in log2 units
@@ -675,10 +665,9 @@ struct VarlenAttention {
 
   // K's per-token scales (and INT4's min times the row's q sum) on the
   // columns of S.
-  __device__ static void ScaleKeyColumns(const DecodeParams& p, const Smem& sm, int s,
-                                         Scores& acc) {
+  __device__ static void ScaleKeyColumns(const DecodeParams& p, const Smem& sm, Scores& acc) {
     const int lane = threadIdx.x % 32;
-    const float* scales = sm.scales(s);
+    const float* scales = sm.scales();
     const bool has_min = p.geo.k_dtype == DType::kINT4;
     float q_sum[kSlots];
 #pragma unroll
@@ -860,7 +849,7 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
 #pragma unroll
   for (int t = 0; t < kAttendStages - 1; ++t) {
     if (t < steps) {
-      A::IssueKvStage(p, ids, kvh, sm, t, t);
+      A::IssueKvStage(p, ids, kvh, sm, t);
       ids = A::LoadStepIds(p, item, item.kv_begin + (t + 1) * A::kTokens);
     }
     CpAsyncCommit();
@@ -883,7 +872,7 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
     const int32_t first = item.kv_begin + step * A::kTokens;
     const int ahead = step + kAttendStages - 1;
     if (ahead < steps) {
-      A::IssueKvStage(p, ids, kvh, sm, ahead % kAttendStages, ahead % kAttendStages);
+      A::IssueKvStage(p, ids, kvh, sm, ahead % kAttendStages);
       if (ahead + 1 < steps)
         ids = A::LoadStepIds(p, item, item.kv_begin + (ahead + 1) * A::kTokens);
     }
@@ -891,13 +880,13 @@ __global__ void __launch_bounds__(AttendTileFor(kD).threads)
     CpAsyncWait<kAttendStages - 1>();
     __syncthreads();
     if constexpr (A::kKCodes || A::kVCodes) {
-      A::ConvertKvStage(p, sm, s, s);
+      A::ConvertKvStage(p, sm, s);
       __syncthreads();
     }
     if (holds_rows) {
       typename A::Scores acc;
       A::ScoreStep(sm, s, acc);
-      A::SoftmaxStep(p, item, kvh, sm, s, first, rs, acc, out);
+      A::SoftmaxStep(p, item, kvh, sm, first, rs, acc, out);
       A::AccumulateStep(sm, s, acc, out);
     }
     __syncthreads();  // the next step's copies and conversion reuse these buffers
@@ -957,7 +946,7 @@ __global__ void __launch_bounds__(AttendTileFor(kD, AttendMainloop::kWarpgroupMm
       A::IssueScoreProducts(sm, s, acc);
       WgmmaWait<0>();
       WgmmaPin(acc[0]);
-      A::SoftmaxStep(p, item, kvh, sm, s, item.kv_begin + step * A::kTokens, rs, acc, out);
+      A::SoftmaxStep(p, item, kvh, sm, item.kv_begin + step * A::kTokens, rs, acc, out);
       typename A::Probs probs;
       A::PackProbabilities(acc, probs);
       WgmmaFence();

@@ -182,12 +182,9 @@ namespace {
 
 // Work items per SM the split-KV schedule aims at: one wave, as many as an
 // SM holds blocks of the kernel (mma.sync: two, by registers; wgmma: one,
-// by registers and shared memory). Measured on the H100 (GQA 32/8, D=128,
-// short chunks over 8k-32k contexts): wgmma BF16 4x16 over 8k 178.8 ->
-// 114.8 us and 1x16 over 32k 260.3 -> 120.1 us going from 4 items an SM
-// to 1, 4x64 over 8k 275.3 -> 277.0 (2 gives 237.0 there but 137.1 and
-// 176.5 on the others); mma.sync INT8 at 2 rather than 4: 273.5 -> 244.3,
-// 352.3 -> 248.2, 500.1 -> 513.6 us; long chunks within 2%.
+// by registers and shared memory). A second wave of short split items
+// costs more than the balance it buys (docs/archive.md, "Query-chunk
+// attention kernel").
 constexpr int32_t kAttendItemsPerSmWarpMma = 2;
 constexpr int32_t kAttendItemsPerSmWarpgroupMma = 1;
 // A split span covers at least this many KV tokens, so that the merge's

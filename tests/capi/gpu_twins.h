@@ -56,7 +56,6 @@ class DeviceBuffer {
     }
     cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
   }
-  // Assign without synchronizing the host (for graph replays on a stream).
   T* get() const { return ptr_; }
   std::vector<T> Read(size_t n) const {
     std::vector<T> h(n);
