@@ -188,6 +188,23 @@ uint16_t ToHalf(float f) {
 // KVPAGE_BENCH_WRITE_INPUT=fp16: the cache write's K and V are FP16, as an
 // FP16 model's are (default BF16; the write kernel differs by input type).
 // --precise: every decoder in precise mode (kvp_decode_config.precise).
+// Layers of a cache of `cfg` (its num_layers aside) whose rotation spans
+// more than 4x the L2, within [min_layers, 64]: the benchmarks cycle calls
+// through them so that no call finds its K/V in L2. Sizes one layer with a
+// probe cache of one layer.
+int32_t LayersSpanningL2(kvp_cache_config cfg, size_t l2_bytes, int64_t min_layers) {
+  cfg.num_layers = 1;
+  kvp_cache* probe = nullptr;
+  Check(kvp_cache_create(&cfg, &probe), "cache");
+  kvp_cache_info info;
+  kvp_cache_info_init(&info);
+  Check(kvp_cache_get_info(probe, &info), "info");
+  kvp_cache_destroy(probe);
+  const int64_t layer_bytes = info.total_bytes;
+  return static_cast<int32_t>(std::min<int64_t>(
+      64, std::max<int64_t>(min_layers, int64_t(4 * l2_bytes) / layer_bytes + 1)));
+}
+
 bool& PreciseDecode() {
   static bool on = false;
   return on;
@@ -229,19 +246,13 @@ Result RunCase(const Shape& shape, const std::string& dtype_name, double copy_gb
   cfg.head_size = D;
   cfg.k_dtype = dtype;
   cfg.v_dtype = dtype;
-  kvp_cache* probe = nullptr;
-  Check(kvp_cache_create(&cfg, &probe), "cache");
-  kvp_cache_info info;
-  kvp_cache_info_init(&info);
-  Check(kvp_cache_get_info(probe, &info), "info");
-  kvp_cache_destroy(probe);
-  const int64_t layer_bytes = info.total_bytes;
-  cfg.num_layers = static_cast<int32_t>(std::max<int64_t>(2, (4 * l2_bytes) / layer_bytes + 1));
-  cfg.num_layers = std::min(cfg.num_layers, 64);
+  cfg.num_layers = LayersSpanningL2(cfg, l2_bytes, 2);
   kvp_cache* cache = nullptr;
   Check(kvp_cache_create(&cfg, &cache), "cache");
   cudaStream_t stream = nullptr;  // graphs are captured on a stream of our own
   CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  kvp_cache_info info;
+  kvp_cache_info_init(&info);
   Check(kvp_cache_get_info(cache, &info), "info");
 
   // Tables: each sequence gets its own blocks, shuffled as a real pool is
@@ -566,16 +577,8 @@ AttendResult RunAttendCase(const kvp_api* api, const AttendShape& shape, const A
   cfg.head_size = D;
   cfg.k_dtype = dtype;
   cfg.v_dtype = dtype;
-  kvp_cache* probe = nullptr;
-  Check(kvp_cache_create(&cfg, &probe), "cache");
-  kvp_cache_info info;
-  kvp_cache_info_init(&info);
-  Check(kvp_cache_get_info(probe, &info), "info");
-  kvp_cache_destroy(probe);
   // One layer where it alone spans > 4x the L2; more for small caches.
-  const int64_t layer_bytes = info.total_bytes;
-  cfg.num_layers = static_cast<int32_t>(
-      std::min<int64_t>(64, std::max<int64_t>(1, int64_t(4 * l2_bytes) / layer_bytes + 1)));
+  cfg.num_layers = LayersSpanningL2(cfg, l2_bytes, 1);
   kvp_cache* cache = nullptr;
   Check(kvp_cache_create(&cfg, &cache), "cache");
   cudaStream_t stream = nullptr;
