@@ -5,16 +5,18 @@
 // the range and every region of a block (K data, V data, K scales, V
 // scales; CacheGeometry::block_region), in one launch.
 //
-// Grid: x = (layer, item), y = slices of a block's bytes. The block's
-// regions are taken as one sequence of 16-byte vectors (K data, then V
-// data, K scales, V scales) split evenly over a slice's threads, so that
-// the small scale regions leave no thread idle; each thread loads its
-// vectors of a step before it stores them. Every region's block stride is
-// a multiple of 16 bytes for the supported geometries (K chunks are 16 B;
-// V is head_size * block_size * bits / 8 with head_size a multiple of 16;
-// scales are block_size (>= 8) * 2 or 4 B per head), region offsets are
-// 256-byte aligned and packed buffers 16-byte aligned; the launcher
-// refuses anything else rather than moving bytes one at a time.
+// Grid: one thread block per (layer, item, slice), a block's slices
+// adjacent. The block's regions are taken as one sequence of 16-byte
+// vectors (K data, then V data, K scales, V scales) split evenly over a
+// slice's threads, so that the small scale regions leave no thread idle;
+// each thread loads its vectors of a step before it stores them (sizing:
+// docs/DESIGN.md, "Block copy, pack and unpack"). Every region's block
+// stride is a multiple of 16 bytes for the supported geometries (K chunks
+// are 16 B; V is head_size * block_size * bits / 8 with head_size a
+// multiple of 16; scales are block_size (>= 8) * 2 or 4 B per head),
+// region offsets are 256-byte aligned and packed buffers 16-byte aligned;
+// the launcher refuses anything else rather than moving bytes one at a
+// time.
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -31,8 +33,8 @@ namespace {
 
 constexpr int kThreads = 256;
 // Vectors a thread loads before storing them; the slices give each thread
-// about this many of a block.
-constexpr int kVectorsPerThread = 4;
+// about this many of a block (rounded to the nearest slice count).
+constexpr int kVectorsPerThread = 8;
 constexpr int kMaxSlices = 64;
 // Pairs passed by value per launch when they come from the host.
 constexpr int kInlinePairs = 32;
@@ -63,11 +65,14 @@ struct BlockVectors {
 };
 
 // `first_item`: the launch's first item in the call (faults name items by
-// their index in the call).
+// their index in the call); `slices`: thread blocks per block moved.
 __global__ void __launch_bounds__(kThreads)
-    MoveBlocksKernel(const BlockMoveParams p, const InlinePairs inline_pairs, int32_t first_item) {
-  const int32_t layer = static_cast<int32_t>(blockIdx.x / p.num_items);
-  const int32_t item = static_cast<int32_t>(blockIdx.x % p.num_items);
+    MoveBlocksKernel(const BlockMoveParams p, const InlinePairs inline_pairs, int32_t first_item,
+                     int32_t slices) {
+  const int32_t slice = static_cast<int32_t>(blockIdx.x % slices);
+  const int32_t unit = static_cast<int32_t>(blockIdx.x / slices);
+  const int32_t layer = unit / p.num_items;
+  const int32_t item = unit % p.num_items;
   const bool copy = p.move == BlockMove::kCopy;
   const int64_t at = copy ? 2 * int64_t{item} : item;
   const int32_t id = p.ids_on_host ? inline_pairs.v[at] : p.ids[at];
@@ -75,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t limit = p.geo.num_blocks;
   const bool bad_id = id < 0 || id >= limit;
   const bool bad_dst = dst < 0 || dst >= limit;
-  const bool reporter = layer == 0 && blockIdx.y == 0;  // one block per item reports
+  const bool reporter = layer == 0 && slice == 0;  // one thread block per item reports
   // The host validates host-side ids; device-side ones out of range move
   // nothing (and are reported in checked mode).
   if (bad_id || bad_dst) {
@@ -110,8 +115,8 @@ __global__ void __launch_bounds__(kThreads)
     n += p.geo.block_region(r).block_stride / 16;
     b.end[r] = n;
   }
-  const int64_t step = int64_t{gridDim.y} * kThreads;
-  for (int64_t v0 = int64_t{blockIdx.y} * kThreads + threadIdx.x; v0 < n;
+  const int64_t step = int64_t{slices} * kThreads;
+  for (int64_t v0 = int64_t{slice} * kThreads + threadIdx.x; v0 < n;
        v0 += step * kVectorsPerThread) {
     uint4 val[kVectorsPerThread];
     uint4* to[kVectorsPerThread];
@@ -147,10 +152,10 @@ int LaunchMoveBlocks(const BlockMoveParams& params, void* stream) {
     bits |= static_cast<uintptr_t>(region.offset) | static_cast<uintptr_t>(region.block_stride);
   }
   if (bits % 16 != 0) return cudaErrorInvalidValue;
-  // Enough slices that each thread moves about kVectorsPerThread vectors.
+  // The slice count nearest to each thread moving kVectorsPerThread vectors.
   const int64_t vectors = p.geo.packed_block_bytes() / 16;
-  int64_t slices = (vectors + int64_t{kThreads} * kVectorsPerThread - 1) /
-                   (int64_t{kThreads} * kVectorsPerThread);
+  constexpr int64_t kSliceVectors = int64_t{kThreads} * kVectorsPerThread;
+  int64_t slices = (vectors + kSliceVectors / 2) / kSliceVectors;
   if (slices < 1) slices = 1;
   if (slices > kMaxSlices) slices = kMaxSlices;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -163,9 +168,11 @@ int LaunchMoveBlocks(const BlockMoveParams& params, void* stream) {
       for (int32_t i = 0; i < 2 * q.num_items; ++i) inline_pairs.v[i] = p.ids[2 * first + i];
       q.ids = nullptr;
     }
-    // Grid x holds (layer, item): as many layers a launch as fit in 2^31 - 1.
-    const int32_t layers_per_launch = static_cast<int32_t>(
-        INT_MAX / q.num_items < p.num_layers ? INT_MAX / q.num_items : p.num_layers);
+    // Grid x holds (layer, item, slice): as many layers a launch as fit in
+    // 2^31 - 1.
+    const int64_t per_layer = int64_t{q.num_items} * slices;
+    const int64_t fit = INT_MAX / per_layer > 0 ? INT_MAX / per_layer : 1;
+    const int32_t layers_per_launch = static_cast<int32_t>(fit < p.num_layers ? fit : p.num_layers);
     for (int32_t l = 0; l < p.num_layers; l += layers_per_launch) {
       BlockMoveParams part = q;
       part.first_layer = p.first_layer + l;
@@ -173,9 +180,9 @@ int LaunchMoveBlocks(const BlockMoveParams& params, void* stream) {
       if (p.move != BlockMove::kCopy) {
         part.buffer = p.buffer + int64_t{l} * p.num_items * p.geo.packed_block_bytes();
       }
-      const dim3 grid(static_cast<unsigned>(int64_t{part.num_items} * part.num_layers),
-                      static_cast<unsigned>(slices));
-      MoveBlocksKernel<<<grid, kThreads, 0, s>>>(part, inline_pairs, first);
+      const unsigned grid = static_cast<unsigned>(per_layer * part.num_layers);
+      MoveBlocksKernel<<<grid, kThreads, 0, s>>>(part, inline_pairs, first,
+                                                 static_cast<int32_t>(slices));
       const cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
     }

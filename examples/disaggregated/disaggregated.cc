@@ -625,7 +625,12 @@ int main(int argc, char** argv) {
       got += static_cast<size_t>(n);
     }
     close(fds[0]);
-    _exit(RunRank(opt, 1, id));
+    const int code = RunRank(opt, 1, id);
+    // _exit skips the parent's atexit handlers, and with them stdio's
+    // flush: a redirected stdout would lose the decode side's report.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(code);
   }
   struct sigaction on_child;
   std::memset(&on_child, 0, sizeof(on_child));
