@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The dispatch point of kvp_attend (docs/DESIGN.md, "Attention over query
-// chunks"): the schedule kernel, the attention kernel of the cache's
-// (K side, V side, head size) from the manifest's list
-// (kernels/manifest.cmake, KVPAGE_MANIFEST_ATTEND), and the merge kernel,
-// all shaped by the AttendPlan alone.
+// chunks"): the schedule kernel; with decode rows the decode (LaunchDecode
+// of the plan's decode_rows_plan over the gathered rows) and the scatter of
+// its results; the attention kernel of the cache's (K side, V side, head
+// size) from the manifest's list (kernels/manifest.cmake,
+// KVPAGE_MANIFEST_ATTEND), and the merge kernel, all shaped by the
+// AttendPlan alone.
 #include <cuda_runtime.h>
 
 #include "kernels/attend_schedule.cuh"
@@ -55,21 +57,42 @@ int LaunchAttend(const DecodeParams& params, const AttendPlan& plan,
       plan.tile_tokens % g.block_size != 0 || plan.max_items <= 0 ||
       plan.shared_bytes < static_cast<size_t>(AttendLayout(g.head_size, OperandKindOf(g.k_dtype),
                                                            OperandKindOf(g.v_dtype), loop)
-                                                  .bytes)) {
+                                                  .bytes) ||
+      (plan.decode_rows && (workspace.decode_lens == nullptr || workspace.decode_q == nullptr ||
+                            workspace.decode_out == nullptr || workspace.decode_lse == nullptr))) {
     return cudaErrorInvalidValue;
   }
   if (params.num_seqs <= 0) return cudaSuccess;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  int err = LaunchKernel(&attend::AttendScheduleKernel, dim3(1), dim3(attend::kScheduleThreads), 0,
-                         s, false, params, plan, workspace);
+  const unsigned schedule_blocks =
+      1 + (plan.decode_rows ? static_cast<unsigned>(params.num_seqs) : 0);
+  int err = LaunchKernel(&attend::AttendScheduleKernel, dim3(schedule_blocks),
+                         dim3(attend::kScheduleThreads), 0, s, false, params, plan, workspace);
   if (err != cudaSuccess) return err;
+  if (plan.decode_rows) {
+    // The decode rows as a decode batch of the same sequences, one query
+    // token each; the others have context 0 there and cost a block exit.
+    const int64_t row = int64_t{params.num_q_heads} * g.head_size;
+    DecodeParams rows = params;
+    rows.query_starts = nullptr;
+    rows.query_len = 1;
+    rows.q = workspace.decode_q;
+    rows.q_stride = row;
+    rows.seq_lens = workspace.decode_lens;
+    rows.out = workspace.decode_out;
+    rows.out_stride = row;
+    rows.lse = params.lse != nullptr ? workspace.decode_lse : nullptr;
+    err = LaunchDecode(rows, plan.decode_rows_plan, workspace.decode, s);
+    if (err != cudaSuccess) return err;
+  }
   err = launch(params, plan, workspace, s);
-  if (err != cudaSuccess || plan.split_items == 0) return err;
-  const dim3 merge_grid(
-      static_cast<unsigned>(plan.split_items), static_cast<unsigned>(g.num_kv_heads),
-      static_cast<unsigned>((plan.tile_rows + attend::kMergeRows - 1) / attend::kMergeRows));
-  return LaunchKernel(&attend::AttendMergeKernel, merge_grid, dim3(attend::kMergeThreads), 0, s,
-                      false, params, plan, workspace);
+  if (err != cudaSuccess) return err;
+  // The merge of split tiles and the decode rows' scatter, one launch.
+  const int64_t finish_blocks =
+      attend::AttendMergeBlocks(plan, g.num_kv_heads) + (plan.decode_rows ? params.num_seqs : 0);
+  if (finish_blocks == 0) return cudaSuccess;
+  return LaunchKernel(&attend::AttendFinishKernel, dim3(static_cast<unsigned>(finish_blocks)),
+                      dim3(attend::kFinishThreads), 0, s, false, params, plan, workspace);
 }
 
 }  // namespace kernels

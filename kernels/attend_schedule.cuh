@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// The two small kernels around kvp_attend's attention kernel
-// (docs/DESIGN.md, "Attention over query chunks"):
-//   AttendScheduleKernel  one block: reads the batch's query offsets and
+// The small kernels around kvp_attend's attention kernel (docs/DESIGN.md,
+// "Attention over query chunks"):
+//   AttendScheduleKernel  block 0: reads the batch's query offsets and
 //                         context lengths, checks them, and writes the work
 //                         items (query tile x span of KV tokens) the
 //                         attention grid runs, splitting the contexts when
-//                         the tiles alone would leave the GPU idle;
-//   AttendMergeKernel     combines the partial results of split tiles by
-//                         their log-sum-exp.
-// Both run on the device, so one captured graph serves every batch.
+//                         the tiles alone would leave the GPU idle; with
+//                         decode rows (AttendPlan::decode_rows), block 1 + s
+//                         gathers sequence s's query if it is one;
+//   AttendFinishKernel    combines the partial results of split tiles by
+//                         their log-sum-exp, and moves the decode rows'
+//                         results, which the decode kernel wrote by
+//                         sequence, to their tokens (one launch for both).
+// All run on the device, so one captured graph serves every batch.
 #ifndef KVPAGE_KERNELS_ATTEND_SCHEDULE_CUH_
 #define KVPAGE_KERNELS_ATTEND_SCHEDULE_CUH_
 
@@ -87,9 +91,48 @@ __device__ __forceinline__ TileSpan TileKvSpan(const DecodeParams& p, const Atte
   return {begin, last_pos + 1};
 }
 
+// A sequence the decode kernel serves (AttendPlan::decode_rows): one query
+// token.
+__device__ __forceinline__ bool IsDecodeRow(const AttendPlan& plan, const SequenceChunk& c) {
+  return plan.decode_rows && c.count == 1;
+}
+
+// The query tiles of a chunk (none for a decode row).
 __device__ __forceinline__ int32_t TilesOf(const AttendPlan& plan, const SequenceChunk& c,
                                            int32_t group) {
+  if (IsDecodeRow(plan, c)) return 0;
   return static_cast<int32_t>((int64_t{c.count} * group + plan.tile_rows - 1) / plan.tile_rows);
+}
+
+// n elements of `dtype` (16 or 32 bits) from src[src_at..] to dst[dst_at..],
+// strided over the block's threads.
+__device__ __forceinline__ void CopyElements(DType dtype, void* dst, int64_t dst_at,
+                                             const void* src, int64_t src_at, int64_t n) {
+  if (DTypeBits(dtype) == 32) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      static_cast<uint32_t*>(dst)[dst_at + i] = static_cast<const uint32_t*>(src)[src_at + i];
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      static_cast<uint16_t*>(dst)[dst_at + i] = static_cast<const uint16_t*>(src)[src_at + i];
+    }
+  }
+}
+
+// Sequence s's part of the decode rows' batch: its context if it is a
+// decode row (else 0, which the decode kernel skips), and its query token's
+// num_q_heads x head_size values at row s of a dense array. (Block 0 of the
+// schedule reports the batch's bad values; this reads them quietly.)
+__device__ __forceinline__ void GatherDecodeRow(const DecodeParams& p, const AttendPlan& plan,
+                                                const AttendWorkspace& ws, int32_t s) {
+  DecodeParams quiet = p;
+  quiet.checked = nullptr;
+  const SequenceChunk c = ReadSequenceChunk(quiet, s);
+  const bool row = IsDecodeRow(plan, c);
+  if (threadIdx.x == 0) ws.decode_lens[s] = row ? c.context : 0;
+  if (!row) return;
+  const int64_t n = int64_t{p.num_q_heads} * p.geo.head_size;
+  CopyElements(p.q_dtype, ws.decode_q, s * n, p.q, c.start * p.q_stride, n);
 }
 
 __device__ __forceinline__ int32_t StepsOf(const AttendPlan& plan, TileSpan span) {
@@ -102,13 +145,34 @@ __device__ __forceinline__ int32_t SplitsOf(int32_t steps, int32_t chunk) {
   return steps <= chunk ? 1 : static_cast<int32_t>((int64_t{steps} + chunk - 1) / chunk);
 }
 
-// One block of kScheduleThreads. Pass 1 counts the tiles and mainloop
-// steps of the batch; if the tiles are fewer than plan.split_items, every
-// tile's context is cut into spans of `chunk` steps, chunk chosen so that
-// the items cannot exceed split_items (sum over tiles of ceil(steps /
-// chunk) <= tiles + steps / chunk). Pass 2 writes the items in sequence
-// order, each sequence's tiles last first (the longest spans of a causal
-// chunk start first), through a block-wide scan of the items per sequence.
+// This thread's share of the items the batch's tiles make when their
+// contexts are cut into spans of `chunk` steps.
+__device__ __forceinline__ long long ItemsWithChunk(const DecodeParams& p, const AttendPlan& plan,
+                                                    int32_t group, int32_t chunk) {
+  long long items = 0;
+  for (int32_t s = threadIdx.x; s < p.num_seqs; s += kScheduleThreads) {
+    DecodeParams quiet = p;
+    quiet.checked = nullptr;
+    const SequenceChunk c = ReadSequenceChunk(quiet, s);
+    const int32_t n = TilesOf(plan, c, group);
+    for (int32_t t = 0; t < n; ++t) {
+      items += SplitsOf(StepsOf(plan, TileKvSpan(p, plan, c, group, t)), chunk);
+    }
+  }
+  return items;
+}
+
+// Block 0 of the schedule launch, kScheduleThreads threads. Pass 1 counts
+// the tiles and mainloop steps of the batch; if the tiles are fewer than
+// plan.split_items, every tile's context is cut into spans of `chunk`
+// steps: the smallest chunk (of at least min_split_tokens) found from the
+// even share of the steps, grown a few times by the overshoot, whose items
+// fit split_items; else the bound sum over tiles of ceil(steps / chunk) <=
+// tiles + steps / chunk gives one that fits. (Equal tiles of s steps with
+// room for two items each get chunks of s / 2, where the bound alone gives
+// s and no split.) Pass 2 writes the items in sequence order, each
+// sequence's tiles last first (the longest spans of a causal chunk start
+// first), through a block-wide scan of the items per sequence.
 __global__ void __launch_bounds__(kScheduleThreads)
     AttendScheduleKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
   using Reduce = cub::BlockReduce<long long, kScheduleThreads>;
@@ -119,6 +183,10 @@ __global__ void __launch_bounds__(kScheduleThreads)
   } temp;
   __shared__ long long totals[2];
   __shared__ int32_t carry, merges;
+  if (blockIdx.x > 0) {
+    GatherDecodeRow(p, plan, ws, static_cast<int32_t>(blockIdx.x) - 1);
+    return;
+  }
   const int32_t group = p.num_q_heads / p.geo.num_kv_heads;
 
   long long tiles = 0, steps = 0;
@@ -142,7 +210,21 @@ __global__ void __launch_bounds__(kScheduleThreads)
   if (plan.split_items > totals[0] && totals[0] > 0) {
     const long long free_items = plan.split_items - totals[0];
     const long long min_steps = (plan.min_split_tokens + plan.tile_tokens - 1) / plan.tile_tokens;
-    chunk = static_cast<int32_t>(max(min_steps, (totals[1] + free_items - 1) / free_items));
+    const long long bound = max(min_steps, (totals[1] + free_items - 1) / free_items);
+    long long tried = max(min_steps, (totals[1] + plan.split_items - 1) / plan.split_items);
+    chunk = static_cast<int32_t>(bound);
+    for (int round = 0; round < 4 && tried < bound; ++round) {
+      __syncthreads();  // every thread has read the previous round's total
+      const long long items =
+          Reduce(temp.reduce).Sum(ItemsWithChunk(p, plan, group, static_cast<int32_t>(tried)));
+      if (threadIdx.x == 0) totals[0] = items;
+      __syncthreads();
+      if (totals[0] <= plan.split_items) {
+        chunk = static_cast<int32_t>(tried);
+        break;
+      }
+      tried = (tried * totals[0] + plan.split_items - 1) / plan.split_items;
+    }
   }
 
   for (int32_t base = 0; base < p.num_seqs; base += kScheduleThreads) {
@@ -190,26 +272,26 @@ __global__ void __launch_bounds__(kScheduleThreads)
   }
 }
 
-// One block per (split tile, KV head, group of kMergeRows rows), a warp
-// per row: out = sum_j w_j out_j / sum_j w_j with w_j = exp(lse_j - max
+// A block per (split tile, KV head, group of kMergeRows rows), a warp per
+// row: out = sum_j w_j out_j / sum_j w_j with w_j = exp(lse_j - max
 // lse), lse = max + log(sum w). A lane holds four channels (eight at head
 // size 256); the splits' loads are independent, so they overlap. Rows with
 // no visible token in any split get zeros and -inf.
 constexpr int kMergeRows = 16;
-constexpr int kMergeThreads = 128;
+constexpr int kFinishThreads = 128;
 
-__global__ void __launch_bounds__(kMergeThreads)
-    AttendMergeKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
-  if (static_cast<int32_t>(blockIdx.x) >= ws.counts[1]) return;
-  const AttendMerge m = ws.merges[blockIdx.x];
-  const int kvh = blockIdx.y;
+__device__ __forceinline__ void MergeSplitRows(const DecodeParams& p, const AttendPlan& plan,
+                                               const AttendWorkspace& ws, int32_t split, int kvh,
+                                               int row_group) {
+  if (split >= ws.counts[1]) return;
+  const AttendMerge m = ws.merges[split];
   const int D = p.geo.head_size;
   const int32_t group = p.num_q_heads / p.geo.num_kv_heads;
   const AttendWorkItem& first = ws.items[m.first_slot];
   const int64_t rows = int64_t{first.query_count} * group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = blockIdx.z * kMergeRows + warp; r < (blockIdx.z + 1) * kMergeRows;
-       r += kMergeThreads / 32) {
+  for (int r = row_group * kMergeRows + warp; r < (row_group + 1) * kMergeRows;
+       r += kFinishThreads / 32) {
     const int64_t packed = int64_t{m.tile} * plan.tile_rows + r;
     if (r >= plan.tile_rows || packed >= rows) break;
     const int64_t token = first.query_start + packed / group;
@@ -248,6 +330,45 @@ __global__ void __launch_bounds__(kMergeThreads)
       p.lse[token * p.num_q_heads + head] = total > 0.0f ? top + logf(total) : -INFINITY;
     }
   }
+}
+
+// A block per sequence: a decode row's output (num_q_heads x head_size
+// values at row s, as the decode kernel wrote them with query_len 1) and
+// lse go to its query token.
+__device__ __forceinline__ void ScatterDecodeRow(const DecodeParams& p, const AttendWorkspace& ws,
+                                                 int32_t s) {
+  if (ws.decode_lens[s] == 0) return;
+  const int64_t token = p.query_starts[s];
+  const int64_t n = int64_t{p.num_q_heads} * p.geo.head_size;
+  CopyElements(p.out_dtype, p.out, token * p.out_stride, ws.decode_out, s * n, n);
+  if (p.lse != nullptr) {
+    for (int h = threadIdx.x; h < p.num_q_heads; h += kFinishThreads) {
+      p.lse[token * p.num_q_heads + h] = ws.decode_lse[int64_t{s} * p.num_q_heads + h];
+    }
+  }
+}
+
+// 1-D grid: AttendMergeBlocks(plan, num_kv_heads) merge blocks (split
+// tile fastest, then KV head, then row group), then with decode rows one
+// scatter block per sequence.
+__host__ __device__ __forceinline__ int64_t AttendMergeBlocks(const AttendPlan& plan,
+                                                              int num_kv_heads) {
+  return int64_t{plan.split_items} * num_kv_heads *
+         ((plan.tile_rows + kMergeRows - 1) / kMergeRows);
+}
+
+__global__ void __launch_bounds__(kFinishThreads)
+    AttendFinishKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
+  const int64_t merge_blocks = AttendMergeBlocks(plan, p.geo.num_kv_heads);
+  const int64_t b = blockIdx.x;
+  if (b >= merge_blocks) {
+    ScatterDecodeRow(p, ws, static_cast<int32_t>(b - merge_blocks));
+    return;
+  }
+  const int64_t per_group = int64_t{plan.split_items} * p.geo.num_kv_heads;
+  MergeSplitRows(p, plan, ws, static_cast<int32_t>(b % plan.split_items),
+                 static_cast<int>(b / plan.split_items % p.geo.num_kv_heads),
+                 static_cast<int>(b / per_group));
 }
 
 }  // namespace attend

@@ -134,7 +134,7 @@ class CudaBackend final : public Backend {
   size_t DecodeWorkspaceBytes(const CacheGeometry& geo, const DecodeCapacity& cap) const override {
     return static_cast<size_t>(
         AttendWorkspaceBase(geo, cap) +
-        PlanAttendWorkspace(geo, PlanAttend(geo, cap, device_, tuning_)).bytes);
+        PlanAttendWorkspace(geo, cap, PlanAttend(geo, cap, device_, tuning_)).bytes);
   }
 
   absl::Status Decode(const DecodeParams& p, const DecodeCapacity& cap, void* workspace,
@@ -160,7 +160,7 @@ class CudaBackend final : public Backend {
           "only: the CUDA query-chunk kernels multiply 16-bit operands on tensor cores");
     }
     const AttendPlan plan = PlanAttend(p.geo, cap, device_, tuning_);
-    const AttendWorkspaceLayout l = PlanAttendWorkspace(p.geo, plan);
+    const AttendWorkspaceLayout l = PlanAttendWorkspace(p.geo, cap, plan);
     auto* base = static_cast<uint8_t*>(workspace) + AttendWorkspaceBase(p.geo, cap);
     AttendWorkspace ws;
     ws.counts = reinterpret_cast<int32_t*>(base + l.counts_offset);
@@ -168,6 +168,17 @@ class CudaBackend final : public Backend {
     ws.merges = reinterpret_cast<AttendMerge*>(base + l.merges_offset);
     ws.partial_out = reinterpret_cast<float*>(base + l.out_offset);
     ws.partial_lse = reinterpret_cast<float*>(base + l.lse_offset);
+    if (plan.decode_rows) {
+      ws.decode_lens = reinterpret_cast<int32_t*>(base + l.decode_lens_offset);
+      ws.decode_q = base + l.decode_q_offset;
+      ws.decode_out = base + l.decode_out_offset;
+      ws.decode_lse = reinterpret_cast<float*>(base + l.decode_lse_offset);
+      const DecodeWorkspaceLayout d = PlanWorkspace(p.geo, cap, plan.decode_rows_plan);
+      auto* scratch = static_cast<uint8_t*>(workspace);
+      ws.decode.partial_out = reinterpret_cast<float*>(scratch + d.out_offset);
+      ws.decode.partial_max = reinterpret_cast<float*>(scratch + d.max_offset);
+      ws.decode.partial_sum = reinterpret_cast<float*>(scratch + d.sum_offset);
+    }
     return CudaError(static_cast<cudaError_t>(kernels::LaunchAttend(p, plan, ws, stream)),
                      "attention kernel launch");
   }
@@ -179,9 +190,11 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // Where kvp_attend's part of the workspace starts: past the decode's.
+  // Where kvp_attend's part of the workspace starts: past the split-K
+  // scratch of the decode and of kvp_attend's decode rows.
   int64_t AttendWorkspaceBase(const CacheGeometry& geo, const DecodeCapacity& cap) const {
-    return PlanWorkspace(geo, cap, PlanDecode(geo, cap, device_, tuning_)).bytes;
+    return DecodeScratchBytes(geo, cap, PlanDecode(geo, cap, device_, tuning_),
+                              PlanAttend(geo, cap, device_, tuning_));
   }
 
   const int32_t ordinal_;

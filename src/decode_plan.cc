@@ -48,6 +48,7 @@ DecodeTuning DecodeTuningFromEnvironment() {
   t.dependent_write = OnUnlessZero("KVPAGE_WRITE_PDL");
   t.attend_split = OnUnlessZero("KVPAGE_ATTEND_SPLIT");
   t.attend_wgmma = OnUnlessZero("KVPAGE_ATTEND_WGMMA");
+  t.attend_decode_rows = OnUnlessZero("KVPAGE_ATTEND_DECODE_ROWS");
   if (const char* v = std::getenv("KVPAGE_DECODE_PARTITION")) {
     int32_t n = 0;
     if (absl::SimpleAtoi(v, &n) && n >= kPartitionTokenMultiple &&
@@ -230,10 +231,21 @@ AttendPlan PlanAttend(const CacheGeometry& geo, const DecodeCapacity& cap,
   plan.split_items = tuning.attend_split ? static_cast<int32_t>(std::max<int64_t>(target, 0)) : 0;
   plan.min_split_tokens = kAttendMinSplitTokens;
   plan.max_items = std::max(plan.max_tiles, plan.split_items);
+  // A sequence with one query token is a decode row: the decode kernel
+  // streams its context at the copy bandwidth, where a query tile of
+  // tile_rows rows holding group of them spends its steps on rows that do
+  // not exist (docs/DESIGN.md, "Attention over query chunks").
+  plan.decode_rows = tuning.attend_decode_rows && !cap.precise;
+  if (plan.decode_rows) {
+    DecodeCapacity one = cap;
+    one.max_query_len = 1;
+    plan.decode_rows_plan = PlanDecode(geo, one, device, tuning);
+  }
   return plan;
 }
 
-AttendWorkspaceLayout PlanAttendWorkspace(const CacheGeometry& geo, const AttendPlan& plan) {
+AttendWorkspaceLayout PlanAttendWorkspace(const CacheGeometry& geo, const DecodeCapacity& cap,
+                                          const AttendPlan& plan) {
   AttendWorkspaceLayout l;
   l.counts_offset = 0;
   l.items_offset = AlignUp(2 * int64_t{sizeof(int32_t)}, kRegionAlignment);
@@ -245,8 +257,31 @@ AttendWorkspaceLayout PlanAttendWorkspace(const CacheGeometry& geo, const Attend
   const int64_t rows = int64_t{plan.split_items} * geo.num_kv_heads * plan.tile_rows;
   l.lse_offset =
       l.out_offset + AlignUp(rows * geo.head_size * int64_t{sizeof(float)}, kRegionAlignment);
-  l.bytes = l.lse_offset + AlignUp(rows * int64_t{sizeof(float)}, kRegionAlignment);
+  l.decode_lens_offset = l.lse_offset + AlignUp(rows * int64_t{sizeof(float)}, kRegionAlignment);
+  l.bytes = l.decode_lens_offset;
+  if (plan.decode_rows) {
+    // Queries and outputs at 4 bytes an element, the widest q and out dtype.
+    const int64_t values = int64_t{cap.max_num_seqs} * cap.num_q_heads * geo.head_size;
+    const int64_t lse = int64_t{cap.max_num_seqs} * cap.num_q_heads;
+    l.decode_q_offset =
+        l.decode_lens_offset +
+        AlignUp(int64_t{cap.max_num_seqs} * int64_t{sizeof(int32_t)}, kRegionAlignment);
+    l.decode_out_offset = l.decode_q_offset + AlignUp(values * 4, kRegionAlignment);
+    l.decode_lse_offset = l.decode_out_offset + AlignUp(values * 4, kRegionAlignment);
+    l.bytes = l.decode_lse_offset + AlignUp(lse * int64_t{sizeof(float)}, kRegionAlignment);
+  }
   return l;
+}
+
+int64_t DecodeScratchBytes(const CacheGeometry& geo, const DecodeCapacity& cap,
+                           const DecodePlan& decode, const AttendPlan& attend) {
+  int64_t bytes = PlanWorkspace(geo, cap, decode).bytes;
+  if (attend.decode_rows) {
+    DecodeCapacity one = cap;
+    one.max_query_len = 1;
+    bytes = std::max(bytes, PlanWorkspace(geo, one, attend.decode_rows_plan).bytes);
+  }
+  return bytes;
 }
 
 const char* DecodeKernelName(DecodeKernel kernel) {

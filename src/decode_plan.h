@@ -75,6 +75,9 @@ struct DecodeTuning {
   // KVPAGE_ATTEND_ITEMS_PER_SM=N (1..64): the split-KV schedule aims at N
   // work items per SM; 0: the plan's.
   int32_t attend_items_per_sm = 0;
+  // KVPAGE_ATTEND_DECODE_ROWS=0: kvp_attend serves sequences with one query
+  // token with query tiles too, not with the decode kernel.
+  bool attend_decode_rows = true;
 };
 
 // The tuning the KVPAGE_* environment variables ask for (README.md's table);
@@ -104,19 +107,29 @@ DecodeWorkspaceLayout PlanWorkspace(const CacheGeometry& geo, const DecodeCapaci
                                     const DecodePlan& plan);
 
 // kvp_attend's plan: the attention kernel's tile (kernels/attend_traits.h),
-// its shared memory, the work-item bound of a batch within the capacities
-// and the split-KV target, from capacities and device only.
+// its shared memory, the work-item bound of a batch within the capacities,
+// the split-KV target and the decode rows' plan, from capacities and device
+// only.
 AttendPlan PlanAttend(const CacheGeometry& geo, const DecodeCapacity& cap,
                       const DeviceProfile& device, const DecodeTuning& tuning);
 
 // kvp_attend's workspace (src/params.h AttendWorkspace): offsets of its
 // arrays, each 256-byte aligned, from the start of its part of the
-// decoder's workspace, and the bytes in all.
+// decoder's workspace, and the bytes in all. The decode rows' split-K
+// scratch is not among them: it is the decode's own (the decoder's
+// workspace starts with room for either plan's, DecodeScratchBytes).
 struct AttendWorkspaceLayout {
   int64_t counts_offset = 0, items_offset = 0, merges_offset = 0, out_offset = 0, lse_offset = 0,
+          decode_lens_offset = 0, decode_q_offset = 0, decode_out_offset = 0, decode_lse_offset = 0,
           bytes = 0;
 };
-AttendWorkspaceLayout PlanAttendWorkspace(const CacheGeometry& geo, const AttendPlan& plan);
+AttendWorkspaceLayout PlanAttendWorkspace(const CacheGeometry& geo, const DecodeCapacity& cap,
+                                          const AttendPlan& plan);
+
+// The split-K scratch at the start of a decoder's workspace: enough for
+// kvp_decode's plan and for kvp_attend's decode rows.
+int64_t DecodeScratchBytes(const CacheGeometry& geo, const DecodeCapacity& cap,
+                           const DecodePlan& decode, const AttendPlan& attend);
 
 // "thread_group", "tensor_core_registers", "tensor_core_ring",
 // "tensor_core_staged" (messages, tests, the benchmark).

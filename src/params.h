@@ -231,6 +231,13 @@ struct AttendPlan {
   int32_t split_items = 0;
   int32_t min_split_tokens = 0;
   int32_t max_items = 0;  // max(max_tiles, split_items): the attention grid's x
+  // Decode rows (sequences with one query token) run the decode kernel of
+  // decode_rows_plan (PlanDecode at one query token a sequence) instead of
+  // query tiles: the schedule launch gathers their queries into the
+  // workspace, the decode writes their results there, and a scatter kernel
+  // moves them to out and lse.
+  bool decode_rows = false;
+  DecodePlan decode_rows_plan;
 };
 
 // One work item: the query tile `tile` of sequence `seq` (its packed rows
@@ -271,6 +278,16 @@ struct AttendWorkspace {
   AttendMerge* merges = nullptr;
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
+  // Decode rows (AttendPlan::decode_rows), by sequence: the context of a
+  // decode row, else 0 [max_num_seqs]; its query [max_num_seqs][num_q_heads
+  // * head_size] in the call's q dtype, its output likewise in the out
+  // dtype, its lse [max_num_seqs][num_q_heads]; the decode's split-K
+  // scratch.
+  int32_t* decode_lens = nullptr;
+  void* decode_q = nullptr;
+  void* decode_out = nullptr;
+  float* decode_lse = nullptr;
+  DecodeWorkspace decode;
 };
 
 }  // namespace kvpage

@@ -205,24 +205,30 @@ TEST(GpuAttend, AgreesWithTheCpuAcrossTheMatrix) {
                                  DtypeName(g.k_dtype), DtypeName(g.v_dtype), g.head_size,
                                  g.block_size, g.num_kv_heads, group, g.smoothing));
     // Half the trials without split KV, and half of each half on the
-    // mma.sync mainloop where the plan would pick the warpgroup one (both
-    // switches read when the CUDA cache is created), so that both
-    // schedules and both mainloops serve every dtype and head size.
+    // mma.sync mainloop where the plan would pick the warpgroup one, and a
+    // third with one-token sequences in query tiles rather than the decode
+    // kernel (the switches are read when the CUDA cache is created), so
+    // that both schedules, both mainloops and both paths of decode rows
+    // serve every dtype and head size.
     const bool split = trial % 2 == 0;
     const bool wgmma = trial % 4 < 2;
+    const bool decode_rows = trial % 3 != 1;
     if (!split) setenv("KVPAGE_ATTEND_SPLIT", "0", 1);
     if (!wgmma) setenv("KVPAGE_ATTEND_WGMMA", "0", 1);
+    if (!decode_rows) setenv("KVPAGE_ATTEND_DECODE_ROWS", "0", 1);
     Twins twins(g, rng);
     unsetenv("KVPAGE_ATTEND_SPLIT");
     unsetenv("KVPAGE_ATTEND_WGMMA");
+    unsetenv("KVPAGE_ATTEND_DECODE_ROWS");
     ASSERT_EQ(twins.error(), "");
     const Layout l = RandomLayout(rng, lens, g.block_size, g.num_blocks);
     FillTwins(twins, rng, 0, KVP_DTYPE_FP32, l);
     AttendBatch b = MakeBatch(rng, l, counts, g.num_kv_heads * group, g.head_size);
     RandomOptions(rng, &b);
-    SCOPED_TRACE(absl::StrFormat("window=%d softcap=%g alibi=%d q=%s out=%s split=%d wgmma=%d",
-                                 b.sliding_window, b.soft_cap, !b.alibi.empty(),
-                                 DtypeName(b.q_dtype), DtypeName(b.out_dtype), split, wgmma));
+    SCOPED_TRACE(absl::StrFormat(
+        "window=%d softcap=%g alibi=%d q=%s out=%s split=%d wgmma=%d decode_rows=%d",
+        b.sliding_window, b.soft_cap, !b.alibi.empty(), DtypeName(b.q_dtype),
+        DtypeName(b.out_dtype), split, wgmma, decode_rows));
     CompareAttend(twins, b, g.head_size, g.v_dtype, n + rng.uniform(0, 3), 1024,
                   b.tokens() + rng.uniform(0, 100) + 1);
     if (HasFailure()) return;
@@ -249,8 +255,10 @@ TEST(GpuAttend, LongChunksAndContexts) {
   for (int k_dtype : kKvDtypes) {
     for (const Shape& s : shapes) {
       // Alternate cases on the mma.sync mainloop (where the plan would pick
-      // the warpgroup one): both see every dtype and long shapes.
-      const bool wgmma = case_index++ % 2 == 0;
+      // the warpgroup one), and every third with one-token sequences in
+      // query tiles: both see every dtype and long shapes.
+      const bool wgmma = case_index % 2 == 0;
+      const bool decode_rows = case_index++ % 3 != 2;
       Geometry g;
       g.k_dtype = g.v_dtype = k_dtype;
       g.head_size = 128;
@@ -258,12 +266,14 @@ TEST(GpuAttend, LongChunksAndContexts) {
       g.num_kv_heads = s.num_kv_heads;
       g.num_layers = 1;
       g.num_blocks = BlocksFor(s.lens, 16) + 2;
-      SCOPED_TRACE(absl::StrFormat("K=V=%s counts[0]=%d lens[0]=%d hkv=%d wgmma=%d",
+      SCOPED_TRACE(absl::StrFormat("K=V=%s counts[0]=%d lens[0]=%d hkv=%d wgmma=%d decode_rows=%d",
                                    DtypeName(k_dtype), s.counts[0], s.lens[0], s.num_kv_heads,
-                                   wgmma));
+                                   wgmma, decode_rows));
       if (!wgmma) setenv("KVPAGE_ATTEND_WGMMA", "0", 1);
+      if (!decode_rows) setenv("KVPAGE_ATTEND_DECODE_ROWS", "0", 1);
       Twins twins(g, rng);
       unsetenv("KVPAGE_ATTEND_WGMMA");
+      unsetenv("KVPAGE_ATTEND_DECODE_ROWS");
       ASSERT_EQ(twins.error(), "");
       const Layout l = RandomLayout(rng, s.lens, 16, g.num_blocks);
       FillTwins(twins, rng, 0, KVP_DTYPE_BF16, l);

@@ -5,6 +5,7 @@
 // decision it pins; docs/DESIGN.md, "Decode plan", has the evidence.
 #include "src/decode_plan.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iterator>
 #include <random>
@@ -393,6 +394,29 @@ TEST(AttendPlan, PinnedForTheH100) {
   EXPECT_EQ(p.split_items, 132 * 1 / 8);  // one wave of the wgmma kernel's one block an SM
   EXPECT_EQ(p.max_items, 512);
   EXPECT_EQ(p.min_split_tokens, 512);
+  // Decode rows run kvp_decode's plan at one query token a sequence, and
+  // the decoder's split-K scratch holds either plan's.
+  DecodeCapacity one = cap;
+  one.max_query_len = 1;
+  const DecodePlan decode = PlanDecode(AttendGeometry(kBF16, kBF16, 128, 8), one, kH100, {});
+  EXPECT_TRUE(p.decode_rows);
+  EXPECT_EQ(p.decode_rows_plan.kernel, decode.kernel);
+  EXPECT_EQ(p.decode_rows_plan.partition_size, decode.partition_size);
+  EXPECT_EQ(p.decode_rows_plan.max_partitions, decode.max_partitions);
+  EXPECT_EQ(p.decode_rows_plan.max_query_len, 1);
+  DecodeCapacity wide = cap;
+  wide.max_query_len = 8;
+  const DecodePlan eight = PlanDecode(AttendGeometry(kBF16, kBF16, 128, 8), wide, kH100, {});
+  const AttendPlan pw = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), wide, kH100, {});
+  EXPECT_EQ(pw.decode_rows_plan.max_query_len, 1);
+  EXPECT_EQ(
+      DecodeScratchBytes(AttendGeometry(kBF16, kBF16, 128, 8), wide, eight, pw),
+      std::max(
+          PlanWorkspace(AttendGeometry(kBF16, kBF16, 128, 8), wide, eight).bytes,
+          PlanWorkspace(AttendGeometry(kBF16, kBF16, 128, 8), one, pw.decode_rows_plan).bytes));
+  DecodeCapacity precise = cap;
+  precise.precise = true;
+  EXPECT_FALSE(PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), precise, kH100, {}).decode_rows);
   DecodeTuning three;
   three.attend_items_per_sm = 3;
   EXPECT_EQ(PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, three).split_items,
@@ -402,8 +426,16 @@ TEST(AttendPlan, PinnedForTheH100) {
   const AttendPlan q = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, no_split);
   EXPECT_EQ(q.split_items, 0);
   EXPECT_EQ(q.max_items, q.max_tiles);
-  EXPECT_EQ(PlanAttendWorkspace(AttendGeometry(kBF16, kBF16, 128, 8), q).bytes,
-            256 + AlignUp(512 * int64_t{sizeof(AttendWorkItem)}, 256));
+  const int64_t items_bytes = 256 + AlignUp(512 * int64_t{sizeof(AttendWorkItem)}, 256);
+  // Decode rows: per sequence its context, its query and output (4 bytes a
+  // value at most) and its lse.
+  EXPECT_EQ(PlanAttendWorkspace(AttendGeometry(kBF16, kBF16, 128, 8), cap, q).bytes,
+            items_bytes + 256 * 4 + 2 * (256 * 32 * 128 * 4) + 256 * 32 * 4);
+  DecodeTuning plain = no_split;
+  plain.attend_decode_rows = false;
+  const AttendPlan r = PlanAttend(AttendGeometry(kBF16, kBF16, 128, 8), cap, kH100, plain);
+  EXPECT_FALSE(r.decode_rows);
+  EXPECT_EQ(PlanAttendWorkspace(AttendGeometry(kBF16, kBF16, 128, 8), cap, r).bytes, items_bytes);
   // MQA: the split target is per KV head.
   EXPECT_EQ(
       PlanAttend(AttendGeometry(kINT4, kINT4, 256, 1), cap, kH100, DecodeTuning{}).split_items,
