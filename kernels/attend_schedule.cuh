@@ -24,6 +24,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/common/checked.cuh"
+#include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
 #include "src/params.h"
 
@@ -145,130 +146,209 @@ __device__ __forceinline__ int32_t SplitsOf(int32_t steps, int32_t chunk) {
   return steps <= chunk ? 1 : static_cast<int32_t>((int64_t{steps} + chunk - 1) / chunk);
 }
 
-// This thread's share of the items the batch's tiles make when their
-// contexts are cut into spans of `chunk` steps.
-__device__ __forceinline__ long long ItemsWithChunk(const DecodeParams& p, const AttendPlan& plan,
-                                                    int32_t group, int32_t chunk) {
-  long long items = 0;
-  for (int32_t s = threadIdx.x; s < p.num_seqs; s += kScheduleThreads) {
-    DecodeParams quiet = p;
-    quiet.checked = nullptr;
-    const SequenceChunk c = ReadSequenceChunk(quiet, s);
-    const int32_t n = TilesOf(plan, c, group);
-    for (int32_t t = 0; t < n; ++t) {
-      items += SplitsOf(StepsOf(plan, TileKvSpan(p, plan, c, group, t)), chunk);
-    }
-  }
-  return items;
-}
+// The schedule's view of up to kScheduleThreads consecutive sequences
+// (base ..): their chunks and, for the tile-parallel loops, the running
+// count of their query tiles (tile_end[i]: the tiles of sequences base ..
+// base + i). A block-wide loop over the group's tiles then gives each
+// thread tiles of any sequence, so that one long chunk's tiles are not one
+// thread's serial work.
+struct ScheduleGroup {
+  int32_t start[kScheduleThreads], count[kScheduleThreads], context[kScheduleThreads];
+  int32_t tile_end[kScheduleThreads];
 
-// Block 0 of the schedule launch, kScheduleThreads threads. Pass 1 counts
-// the tiles and mainloop steps of the batch; if the tiles are fewer than
-// plan.split_items, every tile's context is cut into spans of `chunk`
-// steps: the smallest chunk (of at least min_split_tokens) found from the
-// even share of the steps, grown a few times by the overshoot, whose items
-// fit split_items; else the bound sum over tiles of ceil(steps / chunk) <=
-// tiles + steps / chunk gives one that fits. (Equal tiles of s steps with
-// room for two items each get chunks of s / 2, where the bound alone gives
-// s and no split.) Pass 2 writes the items in sequence order, each
-// sequence's tiles last first (the longest spans of a causal chunk start
-// first), through a block-wide scan of the items per sequence.
-__global__ void __launch_bounds__(kScheduleThreads)
-    AttendScheduleKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
+  __device__ __forceinline__ SequenceChunk Chunk(int32_t i) const {
+    SequenceChunk c;
+    c.start = start[i];
+    c.count = count[i];
+    c.context = context[i];
+    return c;
+  }
+};
+
+struct ScheduleShared {
   using Reduce = cub::BlockReduce<long long, kScheduleThreads>;
   using Scan = cub::BlockScan<int32_t, kScheduleThreads>;
-  __shared__ union {
+  union {
     typename Reduce::TempStorage reduce;
     typename Scan::TempStorage scan;
   } temp;
-  __shared__ long long totals[2];
-  __shared__ int32_t carry, merges;
+  ScheduleGroup group;
+  long long total;
+  int32_t carry, merges;
+};
+
+// Reads sequences base .. into sh.group (quietly unless `report`: block 0's
+// first pass reports the batch's bad values) and returns the group's tiles.
+// Ends with a barrier; the caller's previous reads of the group must be
+// behind one too.
+__device__ __forceinline__ int32_t LoadScheduleGroup(const DecodeParams& p, const AttendPlan& plan,
+                                                     int32_t heads_per_kv, int32_t base,
+                                                     bool report, ScheduleShared& sh) {
+  const int32_t s = base + static_cast<int32_t>(threadIdx.x);
+  SequenceChunk c;
+  if (s < p.num_seqs) {
+    DecodeParams quiet = p;
+    if (!report) quiet.checked = nullptr;
+    c = ReadSequenceChunk(quiet, s);
+  }
+  int32_t end = 0, tiles = 0;
+  ScheduleShared::Scan(sh.temp.scan).InclusiveSum(TilesOf(plan, c, heads_per_kv), end, tiles);
+  sh.group.start[threadIdx.x] = c.start;
+  sh.group.count[threadIdx.x] = c.count;
+  sh.group.context[threadIdx.x] = c.context;
+  sh.group.tile_end[threadIdx.x] = end;
+  __syncthreads();
+  return tiles;
+}
+
+// Tile g of the group: its sequence's index in the group and its tile
+// number, counted last first within the sequence (the order the items are
+// written in).
+struct GroupTile {
+  int32_t seq;
+  int32_t tile;
+};
+__device__ __forceinline__ GroupTile LocateGroupTile(const ScheduleGroup& gr, int32_t g) {
+  int32_t lo = 0, hi = kScheduleThreads - 1;
+  while (lo < hi) {  // the first sequence whose tiles end past g
+    const int32_t mid = (lo + hi) / 2;
+    if (gr.tile_end[mid] > g) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  const int32_t last = gr.tile_end[lo] - 1;  // the sequence's last tile, as g counts
+  return {lo, last - g};
+}
+
+// The batch's tile steps (what = 0) or its items with spans of `chunk`
+// steps (what = 1), summed over the block (every thread gets it).
+__device__ __forceinline__ long long SumOverTiles(const DecodeParams& p, const AttendPlan& plan,
+                                                  int32_t heads_per_kv, bool items, int32_t chunk,
+                                                  ScheduleShared& sh) {
+  long long sum = 0;
+  for (int32_t base = 0; base < p.num_seqs; base += kScheduleThreads) {
+    __syncthreads();  // the previous group's readers are done
+    const int32_t tiles = LoadScheduleGroup(p, plan, heads_per_kv, base, false, sh);
+    for (int32_t g = threadIdx.x; g < tiles; g += kScheduleThreads) {
+      const GroupTile gt = LocateGroupTile(sh.group, g);
+      const int32_t steps =
+          StepsOf(plan, TileKvSpan(p, plan, sh.group.Chunk(gt.seq), heads_per_kv, gt.tile));
+      sum += items ? SplitsOf(steps, chunk) : steps;
+    }
+  }
+  __syncthreads();
+  const long long all = ScheduleShared::Reduce(sh.temp.reduce).Sum(sum);
+  if (threadIdx.x == 0) sh.total = all;
+  __syncthreads();
+  return sh.total;
+}
+
+// The span length (in steps) the split-KV schedule cuts contexts into, or
+// INT_MAX for none: where the batch's tiles are fewer than
+// plan.split_items, the shortest (of at least min_split_tokens) whose
+// items fit split_items, tried from the even share of the steps and grown
+// by the overshoot; else the bound sum over tiles of ceil(steps / chunk)
+// <= tiles + steps / chunk gives one that fits. (Equal tiles of s steps
+// with room for two items each get spans of s / 2, where the bound alone
+// gives s and no split.)
+__device__ __forceinline__ int32_t SplitChunk(const DecodeParams& p, const AttendPlan& plan,
+                                              int32_t heads_per_kv, long long tiles,
+                                              ScheduleShared& sh) {
+  if (plan.split_items <= tiles || tiles == 0) return INT_MAX;
+  const long long steps = SumOverTiles(p, plan, heads_per_kv, false, 0, sh);
+  const long long free_items = plan.split_items - tiles;
+  const long long min_steps = (plan.min_split_tokens + plan.tile_tokens - 1) / plan.tile_tokens;
+  const long long bound = max(min_steps, (steps + free_items - 1) / free_items);
+  long long tried = max(min_steps, (steps + plan.split_items - 1) / plan.split_items);
+  for (int round = 0; round < 4 && tried < bound; ++round) {
+    const long long items =
+        SumOverTiles(p, plan, heads_per_kv, true, static_cast<int32_t>(tried), sh);
+    if (items <= plan.split_items) return static_cast<int32_t>(tried);
+    tried = (tried * items + plan.split_items - 1) / plan.split_items;
+  }
+  return static_cast<int32_t>(bound);
+}
+
+// Writes the work items: sequence order, each sequence's tiles last first
+// (the longest spans of a causal chunk start first), a tile's items in KV
+// order, offsets by block-wide scans over the tiles; split tiles get a
+// merge entry.
+__device__ __forceinline__ void WriteWorkItems(const DecodeParams& p, const AttendPlan& plan,
+                                               const AttendWorkspace& ws, int32_t heads_per_kv,
+                                               int32_t chunk, ScheduleShared& sh) {
+  for (int32_t base = 0; base < p.num_seqs; base += kScheduleThreads) {
+    __syncthreads();  // the previous group's readers are done
+    const int32_t tiles = LoadScheduleGroup(p, plan, heads_per_kv, base, false, sh);
+    for (int32_t g0 = 0; g0 < tiles; g0 += kScheduleThreads) {
+      const int32_t g = g0 + static_cast<int32_t>(threadIdx.x);
+      GroupTile gt{0, 0};
+      TileSpan span{0, 0};
+      int32_t splits = 0;
+      if (g < tiles) {
+        gt = LocateGroupTile(sh.group, g);
+        span = TileKvSpan(p, plan, sh.group.Chunk(gt.seq), heads_per_kv, gt.tile);
+        splits = SplitsOf(StepsOf(plan, span), chunk);
+      }
+      int32_t offset = 0, all = 0;
+      ScheduleShared::Scan(sh.temp.scan).ExclusiveSum(splits, offset, all);
+      offset += sh.carry;
+      if (g < tiles) {
+        const SequenceChunk c = sh.group.Chunk(gt.seq);
+        const int32_t s = base + gt.seq;
+        if (splits > 1) {
+          const int32_t m = atomicAdd(&sh.merges, 1);
+          ws.merges[m] = AttendMerge{s, gt.tile, offset, splits};
+        }
+        for (int32_t j = 0; j < splits; ++j) {
+          AttendWorkItem item;
+          item.seq = s;
+          item.tile = gt.tile;
+          item.query_start = c.start;
+          item.query_count = c.count;
+          item.context = c.context;
+          item.kv_begin = span.begin + j * chunk * plan.tile_tokens;
+          item.kv_end =
+              chunk == INT_MAX ? span.end : min(span.end, item.kv_begin + chunk * plan.tile_tokens);
+          item.split_slot = splits > 1 ? offset + j : -1;
+          ws.items[offset + j] = item;
+        }
+      }
+      __syncthreads();  // every thread has read `carry` and the scan's storage
+      if (threadIdx.x == 0) sh.carry += all;
+      __syncthreads();
+    }
+  }
+}
+
+// Block 0 of the schedule launch (kScheduleThreads threads): checks the
+// batch (reporting its first bad value in checked mode), counts its query
+// tiles, picks the split span (SplitChunk) and writes the work items and
+// merges, every pass a loop over the batch's tiles shared by the block;
+// blocks 1 + s gather decode row s.
+__global__ void __launch_bounds__(kScheduleThreads)
+    AttendScheduleKernel(DecodeParams p, AttendPlan plan, AttendWorkspace ws) {
+  __shared__ ScheduleShared sh;
   if (blockIdx.x > 0) {
     GatherDecodeRow(p, plan, ws, static_cast<int32_t>(blockIdx.x) - 1);
     return;
   }
-  const int32_t group = p.num_q_heads / p.geo.num_kv_heads;
-
-  long long tiles = 0, steps = 0;
-  for (int32_t s = threadIdx.x; s < p.num_seqs; s += kScheduleThreads) {
-    const SequenceChunk c = ReadSequenceChunk(p, s);
-    const int32_t n = TilesOf(plan, c, group);
-    tiles += n;
-    for (int32_t t = 0; t < n; ++t) steps += StepsOf(plan, TileKvSpan(p, plan, c, group, t));
-  }
-  const long long all_tiles = Reduce(temp.reduce).Sum(tiles);
-  __syncthreads();
-  const long long all_steps = Reduce(temp.reduce).Sum(steps);
-  if (threadIdx.x == 0) {
-    totals[0] = all_tiles;
-    totals[1] = all_steps;
-    carry = 0;
-    merges = 0;
-  }
-  __syncthreads();
-  int32_t chunk = INT_MAX;
-  if (plan.split_items > totals[0] && totals[0] > 0) {
-    const long long free_items = plan.split_items - totals[0];
-    const long long min_steps = (plan.min_split_tokens + plan.tile_tokens - 1) / plan.tile_tokens;
-    const long long bound = max(min_steps, (totals[1] + free_items - 1) / free_items);
-    long long tried = max(min_steps, (totals[1] + plan.split_items - 1) / plan.split_items);
-    chunk = static_cast<int32_t>(bound);
-    for (int round = 0; round < 4 && tried < bound; ++round) {
-      __syncthreads();  // every thread has read the previous round's total
-      const long long items =
-          Reduce(temp.reduce).Sum(ItemsWithChunk(p, plan, group, static_cast<int32_t>(tried)));
-      if (threadIdx.x == 0) totals[0] = items;
-      __syncthreads();
-      if (totals[0] <= plan.split_items) {
-        chunk = static_cast<int32_t>(tried);
-        break;
-      }
-      tried = (tried * totals[0] + plan.split_items - 1) / plan.split_items;
-    }
-  }
-
+  const int32_t heads_per_kv = p.num_q_heads / p.geo.num_kv_heads;
+  long long tiles = 0;
   for (int32_t base = 0; base < p.num_seqs; base += kScheduleThreads) {
-    const int32_t s = base + static_cast<int32_t>(threadIdx.x);
-    SequenceChunk c;
-    int32_t n = 0, items = 0;
-    if (s < p.num_seqs) {
-      c = ReadSequenceChunk(p, s);
-      n = TilesOf(plan, c, group);
-      for (int32_t t = 0; t < n; ++t) {
-        items += SplitsOf(StepsOf(plan, TileKvSpan(p, plan, c, group, t)), chunk);
-      }
-    }
-    int32_t offset = 0;
-    Scan(temp.scan).ExclusiveSum(items, offset);
-    offset += carry;
-    for (int32_t t = n - 1; t >= 0; --t) {
-      const TileSpan span = TileKvSpan(p, plan, c, group, t);
-      const int32_t splits = SplitsOf(StepsOf(plan, span), chunk);
-      if (splits > 1) {
-        const int32_t m = atomicAdd(&merges, 1);
-        ws.merges[m] = AttendMerge{s, t, offset, splits};
-      }
-      for (int32_t j = 0; j < splits; ++j) {
-        AttendWorkItem item;
-        item.seq = s;
-        item.tile = t;
-        item.query_start = c.start;
-        item.query_count = c.count;
-        item.context = c.context;
-        item.kv_begin = span.begin + j * chunk * plan.tile_tokens;
-        item.kv_end = min(span.end, item.kv_begin + chunk * plan.tile_tokens);
-        if (chunk == INT_MAX) item.kv_end = span.end;
-        item.split_slot = splits > 1 ? offset : -1;
-        ws.items[offset++] = item;
-      }
-    }
-    __syncthreads();  // every thread has read `carry`
-    if (s == min(base + kScheduleThreads, p.num_seqs) - 1) carry = offset;
     __syncthreads();
+    tiles += LoadScheduleGroup(p, plan, heads_per_kv, base, true, sh);
   }
   if (threadIdx.x == 0) {
-    ws.counts[0] = carry;
-    ws.counts[1] = merges;
+    sh.carry = 0;
+    sh.merges = 0;
+  }
+  const int32_t chunk = SplitChunk(p, plan, heads_per_kv, tiles, sh);
+  WriteWorkItems(p, plan, ws, heads_per_kv, chunk, sh);
+  if (threadIdx.x == 0) {
+    ws.counts[0] = sh.carry;
+    ws.counts[1] = sh.merges;
   }
 }
 
@@ -298,21 +378,33 @@ __device__ __forceinline__ void MergeSplitRows(const DecodeParams& p, const Atte
     const int head = kvh * group + static_cast<int>(packed % group);
     const int64_t row0 = (int64_t{m.first_slot} * p.geo.num_kv_heads + kvh) * plan.tile_rows + r;
     const int64_t split_stride = int64_t{p.geo.num_kv_heads} * plan.tile_rows;
+    // The lanes load the splits' lse values together (lane j: splits j,
+    // j + 32, ...), so that the row costs one round trip for them, not one
+    // a split; lane j keeps split j's weight for the channel loop.
     float top = -INFINITY;
-    for (int j = 0; j < m.num_splits; ++j)
+    for (int j = lane; j < m.num_splits; j += 32) {
       top = fmaxf(top, ws.partial_lse[row0 + j * split_stride]);
-    float total = 0.0f;
-    for (int j = 0; j < m.num_splits; ++j) {
-      const float l = ws.partial_lse[row0 + j * split_stride];
-      total += l == -INFINITY ? 0.0f : expf(l - top);
     }
+    top = WarpReduceMax(top);
+    float total = 0.0f, mine = 0.0f;
+    for (int j = lane; j < m.num_splits; j += 32) {
+      const float l = ws.partial_lse[row0 + j * split_stride];
+      const float e = l == -INFINITY ? 0.0f : expf(l - top);
+      if (j == lane) mine = e;
+      total += e;
+    }
+    total = WarpReduceSum(total);
     const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    mine *= inv;
     for (int d = 4 * lane; d < D; d += 128) {
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
       for (int j = 0; j < m.num_splits; ++j) {
-        const float l = ws.partial_lse[row0 + j * split_stride];
-        const float w = l == -INFINITY ? 0.0f : expf(l - top) * inv;
+        float w = __shfl_sync(0xffffffffu, mine, j % 32);
+        if (j >= 32) {
+          const float l = ws.partial_lse[row0 + j * split_stride];
+          w = l == -INFINITY ? 0.0f : expf(l - top) * inv;
+        }
         const float4 o =
             *reinterpret_cast<const float4*>(ws.partial_out + (row0 + j * split_stride) * D + d);
         acc.x += w * o.x;
