@@ -175,15 +175,17 @@ struct ScheduleShared {
   ScheduleGroup group;
   long long total;
   int32_t carry, merges;
+  int32_t loaded_base, loaded_tiles;  // the group sh.group holds (-1: none)
 };
 
 // Reads sequences base .. into sh.group (quietly unless `report`: block 0's
-// first pass reports the batch's bad values) and returns the group's tiles.
-// Ends with a barrier; the caller's previous reads of the group must be
-// behind one too.
+// first pass reports the batch's bad values) and returns the group's tiles;
+// a batch of one group is read once for every pass. Ends with a barrier;
+// the caller's previous reads of the group must be behind one too.
 __device__ __forceinline__ int32_t LoadScheduleGroup(const DecodeParams& p, const AttendPlan& plan,
                                                      int32_t heads_per_kv, int32_t base,
                                                      bool report, ScheduleShared& sh) {
+  if (sh.loaded_base == base) return sh.loaded_tiles;
   const int32_t s = base + static_cast<int32_t>(threadIdx.x);
   SequenceChunk c;
   if (s < p.num_seqs) {
@@ -197,6 +199,10 @@ __device__ __forceinline__ int32_t LoadScheduleGroup(const DecodeParams& p, cons
   sh.group.count[threadIdx.x] = c.count;
   sh.group.context[threadIdx.x] = c.context;
   sh.group.tile_end[threadIdx.x] = end;
+  if (threadIdx.x == 0) {
+    sh.loaded_base = base;
+    sh.loaded_tiles = tiles;
+  }
   __syncthreads();
   return tiles;
 }
@@ -335,6 +341,7 @@ __global__ void __launch_bounds__(kScheduleThreads)
     return;
   }
   const int32_t heads_per_kv = p.num_q_heads / p.geo.num_kv_heads;
+  if (threadIdx.x == 0) sh.loaded_base = -1;
   long long tiles = 0;
   for (int32_t base = 0; base < p.num_seqs; base += kScheduleThreads) {
     __syncthreads();
@@ -353,12 +360,12 @@ __global__ void __launch_bounds__(kScheduleThreads)
 }
 
 // A block per (split tile, KV head, group of kMergeRows rows), a warp per
-// row: out = sum_j w_j out_j / sum_j w_j with w_j = exp(lse_j - max
-// lse), lse = max + log(sum w). A lane holds four channels (eight at head
-// size 256); the splits' loads are independent, so they overlap. Rows with
-// no visible token in any split get zeros and -inf.
-constexpr int kMergeRows = 16;
+// row (a warp for each, so that every row's loads are in flight at once): out = sum_j w_j out_j /
+// sum_j w_j with w_j = exp(lse_j - max lse), lse = max + log(sum w). A lane holds four channels
+// (eight at head size 256); the splits' loads are independent, so they overlap. Rows with no
+// visible token in any split get zeros and -inf.
 constexpr int kFinishThreads = 128;
+constexpr int kMergeRows = kFinishThreads / 32;
 
 __device__ __forceinline__ void MergeSplitRows(const DecodeParams& p, const AttendPlan& plan,
                                                const AttendWorkspace& ws, int32_t split, int kvh,
@@ -398,7 +405,7 @@ __device__ __forceinline__ void MergeSplitRows(const DecodeParams& p, const Atte
     mine *= inv;
     for (int d = 4 * lane; d < D; d += 128) {
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
+#pragma unroll 8
       for (int j = 0; j < m.num_splits; ++j) {
         float w = __shfl_sync(0xffffffffu, mine, j % 32);
         if (j >= 32) {
