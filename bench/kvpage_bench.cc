@@ -1031,7 +1031,7 @@ int main(int argc, char** argv) {
   if (PreciseDecode()) std::printf("decoders in precise mode (--precise)\n");
 
   std::vector<Shape> shapes;
-  for (int b : {32, 64, 128, 256, 512}) {
+  for (int b : {16, 32, 64, 128, 256, 512}) {
     shapes.push_back({"seed GQA 8/1 T=8192 D=128", 8, 1, 128, std::vector<int>(b, 8192)});
   }
   shapes.push_back({"MHA 32/32 T=4096 D=128", 32, 32, 128, std::vector<int>(64, 4096)});
@@ -1046,7 +1046,20 @@ int main(int argc, char** argv) {
     for (int& l : lens) l = static_cast<int>(std::exp(u(lr)));
     shapes.push_back({"ragged 32/8 log-uniform 16..32768", 32, 8, 128, lens});
   }
-  if (quick) shapes = {shapes[0], shapes[5]};
+  // Latency-bound steps: a few sequences over long contexts (a chat over a
+  // long document), where a decode's fixed cost and the few KV heads to
+  // spread over the SMs decide the time, not the bandwidth.
+  for (int t : {32768, 131072}) {
+    for (int hkv : {8, 1}) {
+      const int hq = hkv == 8 ? 32 : 8;
+      for (int b : {1, 2, 4, 8}) {
+        shapes.push_back({"latency GQA " + std::to_string(hq) + "/" + std::to_string(hkv) +
+                              " T=" + std::to_string(t) + " D=128",
+                          hq, hkv, 128, std::vector<int>(b, t)});
+      }
+    }
+  }
+  if (quick) shapes = {shapes[1], shapes[6]};
   if (!run_decode) shapes.clear();
   if (!only.empty()) {
     std::vector<Shape> kept;

@@ -1744,7 +1744,9 @@ sequence 8192 tokens, head size 128, B sequences. "MHA 32/32 T=4096":
 32 query and 32 KV heads. "GQA 32/8", "GQA 8/4", "GQA 8/2": query / KV
 heads at 8192 tokens. "ragged 32/8 log-uniform 16..32768": 256 sequences
 whose lengths are drawn log-uniformly from 16 to 32768 tokens (a fixed
-draw, the same in every run).
+draw, the same in every run). "latency GQA 32/8" and "latency GQA 8/1"
+at T=32768 and T=131072: 1, 2, 4 or 8 sequences over long contexts, the
+latency-bound steps (a run older than these shapes has no such rows).
 """
 
 METHOD_REPRODUCE = """\
