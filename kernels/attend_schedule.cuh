@@ -23,6 +23,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "kernels/attend_split.h"
 #include "kernels/common/checked.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
@@ -34,15 +35,8 @@ namespace attend {
 
 constexpr int kScheduleThreads = 256;
 
-// Sequence s as the schedule sees it: its query tokens and context, or no
-// query tokens where the batch's values are out of range (reported in
-// checked mode).
-struct SequenceChunk {
-  int32_t start = 0;
-  int32_t count = 0;
-  int32_t context = 0;
-};
-
+// Sequence s's chunk (kernels/attend_split.h), or none where the batch's
+// values are out of range (reported in checked mode).
 __device__ __forceinline__ SequenceChunk ReadSequenceChunk(const DecodeParams& p, int32_t s) {
   SequenceChunk c;
   const int32_t begin = p.query_starts[s];
@@ -70,39 +64,6 @@ __device__ __forceinline__ SequenceChunk ReadSequenceChunk(const DecodeParams& p
   c.count = end - begin;
   c.context = len;
   return c;
-}
-
-// The KV tokens query tile `tile` of a chunk can see: from the first one
-// inside its earliest row's sliding window (rounded down to a step) to its
-// last row's position.
-struct TileSpan {
-  int32_t begin;
-  int32_t end;
-};
-__device__ __forceinline__ TileSpan TileKvSpan(const DecodeParams& p, const AttendPlan& plan,
-                                               const SequenceChunk& c, int32_t group,
-                                               int32_t tile) {
-  const int64_t rows = int64_t{c.count} * group;
-  const int64_t first_row = int64_t{tile} * plan.tile_rows;
-  const int64_t last_row = min(first_row + plan.tile_rows, rows) - 1;
-  const int32_t first_pos = c.context - c.count + static_cast<int32_t>(first_row / group);
-  const int32_t last_pos = c.context - c.count + static_cast<int32_t>(last_row / group);
-  int32_t begin = p.sliding_window > 0 ? max(0, first_pos - p.sliding_window + 1) : 0;
-  begin = begin / plan.tile_tokens * plan.tile_tokens;
-  return {begin, last_pos + 1};
-}
-
-// A sequence the decode kernel serves (AttendPlan::decode_rows): one query
-// token.
-__device__ __forceinline__ bool IsDecodeRow(const AttendPlan& plan, const SequenceChunk& c) {
-  return plan.decode_rows && c.count == 1;
-}
-
-// The query tiles of a chunk (none for a decode row).
-__device__ __forceinline__ int32_t TilesOf(const AttendPlan& plan, const SequenceChunk& c,
-                                           int32_t group) {
-  if (IsDecodeRow(plan, c)) return 0;
-  return static_cast<int32_t>((int64_t{c.count} * group + plan.tile_rows - 1) / plan.tile_rows);
 }
 
 // n elements of `dtype` (16 or 32 bits) from src[src_at..] to dst[dst_at..],
@@ -134,16 +95,6 @@ __device__ __forceinline__ void GatherDecodeRow(const DecodeParams& p, const Att
   if (!row) return;
   const int64_t n = int64_t{p.num_q_heads} * p.geo.head_size;
   CopyElements(p.q_dtype, ws.decode_q, s * n, p.q, c.start * p.q_stride, n);
-}
-
-__device__ __forceinline__ int32_t StepsOf(const AttendPlan& plan, TileSpan span) {
-  return (span.end - span.begin + plan.tile_tokens - 1) / plan.tile_tokens;
-}
-
-// Items of a tile of `steps` mainloop steps cut into spans of `chunk`
-// steps (at least one: a tile with nothing visible still writes its rows).
-__device__ __forceinline__ int32_t SplitsOf(int32_t steps, int32_t chunk) {
-  return steps <= chunk ? 1 : static_cast<int32_t>((int64_t{steps} + chunk - 1) / chunk);
 }
 
 // The schedule's view of up to kScheduleThreads consecutive sequences
@@ -251,30 +202,16 @@ __device__ __forceinline__ long long SumOverTiles(const DecodeParams& p, const A
   return sh.total;
 }
 
-// The span length (in steps) the split-KV schedule cuts contexts into, or
-// INT_MAX for none: where the batch's tiles are fewer than
-// plan.split_items, the shortest (of at least min_split_tokens) whose
-// items fit split_items, tried from the even share of the steps and grown
-// by the overshoot; else the bound sum over tiles of ceil(steps / chunk)
-// <= tiles + steps / chunk gives one that fits. (Equal tiles of s steps
-// with room for two items each get spans of s / 2, where the bound alone
-// gives s and no split.)
+// The split span of the batch (ChooseSplitSpan), its sums taken over the
+// batch's tiles by the block.
 __device__ __forceinline__ int32_t SplitChunk(const DecodeParams& p, const AttendPlan& plan,
                                               int32_t heads_per_kv, long long tiles,
                                               ScheduleShared& sh) {
   if (plan.split_items <= tiles || tiles == 0) return INT_MAX;
   const long long steps = SumOverTiles(p, plan, heads_per_kv, false, 0, sh);
-  const long long free_items = plan.split_items - tiles;
-  const long long min_steps = (plan.min_split_tokens + plan.tile_tokens - 1) / plan.tile_tokens;
-  const long long bound = max(min_steps, (steps + free_items - 1) / free_items);
-  long long tried = max(min_steps, (steps + plan.split_items - 1) / plan.split_items);
-  for (int round = 0; round < 4 && tried < bound; ++round) {
-    const long long items =
-        SumOverTiles(p, plan, heads_per_kv, true, static_cast<int32_t>(tried), sh);
-    if (items <= plan.split_items) return static_cast<int32_t>(tried);
-    tried = (tried * items + plan.split_items - 1) / plan.split_items;
-  }
-  return static_cast<int32_t>(bound);
+  return ChooseSplitSpan(plan, tiles, steps, [&](int32_t chunk) {
+    return SumOverTiles(p, plan, heads_per_kv, true, chunk, sh);
+  });
 }
 
 // Writes the work items: sequence order, each sequence's tiles last first

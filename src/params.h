@@ -5,6 +5,7 @@
 #ifndef KVPAGE_SRC_PARAMS_H_
 #define KVPAGE_SRC_PARAMS_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "src/geometry.h"
