@@ -124,13 +124,21 @@ class Shape(object):
 
 def shapes(quick):
     out = []
-    for b in (32, 64, 128, 256, 512):
+    for b in (16, 32, 64, 128, 256, 512):
         out.append(Shape("seed GQA 8/1 T=8192 D=128", "seed", 8, 1, [8192] * b))
     out.append(Shape("MHA 32/32 T=4096 D=128", "mha", 32, 32, [4096] * 64))
     out.append(Shape("GQA 32/8 T=8192 D=128", "gqa", 32, 8, [8192] * 64))
     out.append(Shape("ragged 32/8 log-uniform 16..32768", "ragged", 32, 8, ragged_lens()))
+    # Latency-bound steps: a few sequences over long contexts.
+    for t in (32768, 131072):
+        for hq, hkv in ((32, 8), (8, 1)):
+            for b in (1, 2, 4, 8):
+                out.append(Shape("latency GQA %d/%d T=%d D=128" % (hq, hkv, t), "latency", hq, hkv,
+                                 [t] * b))
     if quick:
-        out = [out[0], out[2], out[5], out[7]]
+        keep = {("seed GQA 8/1 T=8192 D=128", 32), ("seed GQA 8/1 T=8192 D=128", 128),
+                ("MHA 32/32 T=4096 D=128", 64), ("ragged 32/8 log-uniform 16..32768", 256)}
+        out = [s for s in out if (s.name, s.batch) in keep]
     return out
 
 
@@ -1126,7 +1134,7 @@ def plot(results, out, device, copy_gbs):
     ax_t.set_title("GQA 8/1, T=8192, D=128: time")
     ax_bw.legend(fontsize=7, loc="lower right")
     # Other shapes: speed-up over the fastest PyTorch path (time ratio).
-    oth = [r for r in results if r.shape.family != "seed"]
+    oth = [r for r in results if r.shape.family in ("mha", "gqa", "ragged")]
     names = []
     for r in oth:
         if r.shape.name not in names:
