@@ -276,11 +276,9 @@ AttendWorkspaceLayout PlanAttendWorkspace(const CacheGeometry& geo, const Decode
 int64_t DecodeScratchBytes(const CacheGeometry& geo, const DecodeCapacity& cap,
                            const DecodePlan& decode, const AttendPlan& attend) {
   int64_t bytes = PlanWorkspace(geo, cap, decode).bytes;
-  if (attend.decode_rows) {
-    DecodeCapacity one = cap;
-    one.max_query_len = 1;
-    bytes = std::max(bytes, PlanWorkspace(geo, one, attend.decode_rows_plan).bytes);
-  }
+  // (PlanWorkspace sizes by the plan's own sequences and query length.)
+  if (attend.decode_rows)
+    bytes = std::max(bytes, PlanWorkspace(geo, cap, attend.decode_rows_plan).bytes);
   return bytes;
 }
 

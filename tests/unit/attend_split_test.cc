@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "src/decode_plan.h"
 #include "tests/common/fresh_seed.h"
+#include "tests/common/plan_geometry.h"
 
 namespace kvpage {
 namespace kernels {
@@ -64,17 +65,6 @@ Split SplitFor(const AttendPlan& plan, const std::vector<int32_t>& steps) {
   return {chunk, ItemsWith(steps, chunk)};
 }
 
-CacheGeometry AttendGeometry(int head_size, int num_kv_heads) {
-  CacheGeometry g;
-  g.num_layers = 1;
-  g.num_blocks = 1024;
-  g.block_size = 16;
-  g.num_kv_heads = num_kv_heads;
-  g.head_size = head_size;
-  g.k_dtype = g.v_dtype = DType::kBF16;
-  return g;
-}
-
 TEST(AttendSplit, ItemsFitTheWorkspaceOverRandomBatches) {
   KVPAGE_SEEDED_RNG(rng);
   int split_batches = 0;
@@ -90,8 +80,9 @@ TEST(AttendSplit, ItemsFitTheWorkspaceOverRandomBatches) {
     tuning.attend_decode_rows = rng() % 2 == 0;
     tuning.attend_items_per_sm = rng() % 3 == 0 ? 1 + static_cast<int>(rng() % 8) : 0;
     const DeviceProfile device = rng() % 2 ? DeviceProfile::H100() : DeviceProfile::A100();
-    const AttendPlan plan =
-        PlanAttend(AttendGeometry(rng() % 2 ? 128 : 256, num_kv_heads), cap, device, tuning);
+    const AttendPlan plan = PlanAttend(
+        PlanGeometry(DType::kBF16, DType::kBF16, rng() % 2 ? 128 : 256, 16, num_kv_heads), cap,
+        device, tuning);
     // A batch within the capacities: sequences, query tokens, contexts.
     Batch b;
     b.window = rng() % 3 == 0 ? 1 + static_cast<int>(rng() % 3000) : 0;

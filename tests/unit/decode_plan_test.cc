@@ -17,6 +17,7 @@
 #include "src/decode_partition.h"
 #include "src/manifest.h"
 #include "tests/common/fresh_seed.h"
+#include "tests/common/plan_geometry.h"
 
 namespace kvpage {
 namespace {
@@ -105,15 +106,7 @@ const PlanRow kRows[] = {
 };
 
 CacheGeometry Geometry(DType k, DType v, int head_size, int block_size, int num_kv_heads) {
-  CacheGeometry g;
-  g.num_layers = 1;
-  g.num_blocks = 1024;
-  g.block_size = block_size;
-  g.num_kv_heads = num_kv_heads;
-  g.head_size = head_size;
-  g.k_dtype = k;
-  g.v_dtype = v;
-  return g;
+  return PlanGeometry(k, v, head_size, block_size, num_kv_heads);
 }
 
 DecodeCapacity Capacity(int num_q_heads, int seqs, int context, int query_len) {
@@ -361,15 +354,7 @@ namespace kvpage {
 namespace {
 
 CacheGeometry AttendGeometry(DType k, DType v, int head_size, int kv_heads) {
-  CacheGeometry g;
-  g.num_layers = 1;
-  g.num_blocks = 1024;
-  g.block_size = 16;
-  g.num_kv_heads = kv_heads;
-  g.head_size = head_size;
-  g.k_dtype = k;
-  g.v_dtype = v;
-  return g;
+  return PlanGeometry(k, v, head_size, 16, kv_heads);
 }
 
 // kvp_attend's plan: the mainloop and tile per device and head size, the
